@@ -1,0 +1,75 @@
+"""Devices: real accelerators when there are enough, simulated CPU devices otherwise.
+
+Every collective in this package runs inside `jax.shard_map` over a mesh of devices. On a TPU
+slice those are real chips joined by ICI links; on a laptop or a Colab CPU runtime they are
+*simulated*: XLA:CPU splits the host into `n` devices and runs each collective in memory. The
+numerics are identical (the same HLO, the same integer and float arithmetic); only time differs.
+
+`setup_devices(n)` must run before anything else touches JAX's backends, because the number of
+CPU devices is fixed when the CPU backend starts. It asks for `n` CPU devices first (harmless on
+an accelerator machine), then looks at the default backend: if it has `n` or more devices (a TPU
+slice, several GPUs) those are used; otherwise (no accelerator, or today's single-chip free Colab
+TPU) the `n` simulated CPU devices are, named explicitly with `jax.devices("cpu")`.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import Mesh
+
+__all__ = ["setup_devices", "describe_devices", "make_mesh"]
+
+
+def setup_devices(n: int = 8) -> list[jax.Device]:
+    """Return `n` devices to run collectives on: real accelerators if `n` are present, else CPU.
+
+    Call it first, right after `import jax`: the count of simulated CPU devices can only be set
+    before JAX initialises its backends.
+
+    Raises:
+        ValueError: `n` is not a positive integer.
+        RuntimeError: JAX already started with fewer than `n` devices on every backend.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"setup_devices(n): n must be a positive integer, got {n!r}")
+    try:
+        if jax.config.jax_num_cpu_devices < n:
+            jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        pass  # backends already up: fine if they have enough devices, checked below
+    default = jax.devices()
+    if default[0].platform != "cpu" and len(default) >= n:
+        return list(default[:n])
+    cpu = jax.devices("cpu")
+    if len(cpu) < n:
+        raise RuntimeError(
+            f"JAX already started with {len(cpu)} CPU device(s) and {len(default)} "
+            f"{default[0].platform} device(s); {n} are needed. Call equarx_ref.setup_devices({n}) "
+            "first, before any other JAX operation (or set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before starting Python)."
+        )
+    return list(cpu[:n])
+
+
+def describe_devices(devices: list[jax.Device]) -> str:
+    """One line saying what the devices are, e.g. '8 simulated CPU devices (no accelerator used)'."""
+    kinds = {d.device_kind for d in devices}
+    platform = devices[0].platform
+    if platform == "cpu":
+        accel = [d for d in jax.devices() if d.platform != "cpu"]
+        why = (f"{len(accel)} {accel[0].device_kind} present, fewer than {len(devices)}"
+               if accel else "no accelerator present")
+        return f"{len(devices)} simulated CPU devices ({why})"
+    return f"{len(devices)} x {', '.join(sorted(kinds))} ({platform})"
+
+
+def make_mesh(devices: list[jax.Device], axis_names: tuple[str, ...] = ("tp",),
+              shape: tuple[int, ...] | None = None) -> Mesh:
+    """A mesh over `devices` (1-D by default; pass `shape` for a 2-D torus such as (2, 4))."""
+    import numpy as np
+
+    shape = (len(devices),) if shape is None else tuple(shape)
+    if int(np.prod(shape)) != len(devices) or len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {shape} with axes {axis_names} does not fit "
+                         f"{len(devices)} devices")
+    return Mesh(np.array(devices).reshape(shape), axis_names)
