@@ -1,0 +1,142 @@
+"""mkdocs hooks: the parts of the site that are generated, so that nothing is typed by hand.
+
+- Nav: "Course" lists every notebook in notebooks/ (title from its first heading), "API reference"
+  one page per module of the package (mkdocstrings renders the docstrings).
+- Numbers: a page writes a marker `<!-- gen:NAME -->` and the generator NAME below replaces it
+  with a table or figure computed by the package itself (formats, byte counts), or read from the
+  stored output of a command that was actually run (docs/data/*.json, the command beside it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+DATA = DOCS / "data"
+PKG = ROOT / "equarx_ref"
+MARKER = re.compile(r"<!-- gen:([a-z0-9_-]+) -->")
+GENERATORS: dict = {}
+FIGURES: dict[str, bytes] = {}  # site path -> PNG bytes, added as generated files
+
+
+def generator(name):
+    def deco(fn):
+        GENERATORS[name] = fn
+        return fn
+    return deco
+
+
+# ---------------------------------------------------------------------------- nav and API pages
+
+def _notebooks() -> list[tuple[str, str]]:
+    out = []
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        src = "".join(cells[0]["source"]) if cells else ""
+        title = src.split("\n", 1)[0].lstrip("# ").strip() or nb.stem
+        out.append((title, f"notebooks/{nb.name}"))
+    return out
+
+
+def _modules() -> list[tuple[str, str]]:
+    """(dotted module name, first docstring line) for each public module and subpackage."""
+    import ast
+
+    mods = []
+    for p in sorted(PKG.iterdir()):
+        if p.name.startswith("_") or p.name == "cli.py":
+            continue
+        if p.suffix == ".py":
+            name, src = f"equarx_ref.{p.stem}", p
+        elif (p / "__init__.py").is_file():
+            name, src = f"equarx_ref.{p.name}", p / "__init__.py"
+        else:
+            continue
+        doc = ast.get_docstring(ast.parse(src.read_text(encoding="utf-8"))) or ""
+        mods.append((name, doc.strip().split("\n", 1)[0]))
+    return mods
+
+
+def on_config(config):
+    nav = config["nav"]
+    for i, entry in enumerate(nav):
+        (key, _), = entry.items()
+        if key == "Course":
+            nav[i] = {key: [{t: p} for t, p in _notebooks()]}
+        elif key == "API reference":
+            nav[i] = {key: [{"Overview": "api/index.md"}]
+                      + [{m.split(".", 1)[1]: f"api/{m.split('.', 1)[1]}.md"}
+                         for m, _ in _modules()]}
+    return config
+
+
+def on_files(files, config):
+    mods = _modules()
+    lines = ["# API reference", "",
+             "Everything is re-exported by `import equarx_ref as eq`; the pages below document each "
+             "module from its docstrings.", "",
+             "| Module | What it is |", "|---|---|"]
+    for m, first in mods:
+        short = m.split(".", 1)[1]
+        lines.append(f"| [`{m}`]({short}.md) | {first} |")
+        opts = "\n    options:\n      show_submodules: true" if (PKG / short).is_dir() else ""
+        files.append(File.generated(config, f"api/{short}.md", content=f"::: {m}{opts}\n"))
+    files.append(File.generated(config, "api/index.md", content="\n".join(lines) + "\n"))
+    # Figures are produced while rendering pages; generate them now so links validate.
+    FIGURES.clear()
+    for page in ("index.md", "results.md", "concepts.md"):
+        text = (DOCS / page).read_text(encoding="utf-8")
+        for name in MARKER.findall(text):
+            _render(name)
+    for path, png in FIGURES.items():
+        files.append(File.generated(config, path, content=png))
+    return files
+
+
+_CACHE: dict[str, str] = {}
+
+
+def _render(name: str) -> str:
+    if name not in _CACHE:
+        if name not in GENERATORS:
+            raise KeyError(f"docs: no generator for <!-- gen:{name} --> (see docs/hooks.py)")
+        _CACHE[name] = GENERATORS[name]()
+    return _CACHE[name]
+
+
+def on_pre_build(config):
+    _CACHE.clear()
+
+
+def on_page_markdown(markdown, page, config, files):
+    return MARKER.sub(lambda m: _render(m.group(1)), markdown)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _load(name: str) -> dict:
+    path = DATA / name
+    if not path.is_file():
+        raise FileNotFoundError(f"docs: {path} is missing; regenerate it (see docs/results.md)")
+    return json.loads(path.read_text(encoding="utf-8"))
