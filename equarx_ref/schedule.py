@@ -1,0 +1,256 @@
+"""Schedules: who sends which chunk to whom, as plain data.
+
+An AllReduce over p devices cuts each device's vector into chunks and moves them in steps. The
+schedules here are the programs that `collectives.all_reduce` executes; they are data (tuples of
+`Transfer`s grouped into `Step`s), so tests can prove their properties and figures can draw them.
+
+Ring (reduce-scatter, then all-gather). Chunks 0..p-1. At step s = 0..p-2 device d sends its
+partial sum of chunk (d - s - 1) mod p to device d + 1, which adds its own copy of that chunk.
+After p - 1 steps device d holds the full sum of chunk d (its *owner*). An all-gather then gives
+every device every reduced chunk. Per device that is
+
+    2 (p - 1) / p * n   values sent,  in 2 (p - 1) steps.
+
+Each hop of the reduce-scatter sends a partial sum of one more device than the hop before, which
+is where a quantized ring's error builds up (see collectives.py).
+
+Bidirectional ring (the TPU "pincer"). 2p chunks: 0..p-1 travel clockwise as above, p..2p-1
+counter-clockwise (d sends chunk p + (d + s + 1) mod p to d - 1). Each step sends two half-size
+chunks on two different links: the same bytes as the ring, half of them per link direction, so
+on full-duplex links the bandwidth term halves.
+
+2D torus (ring over a pair of mesh axes, shape (p1, p2), device d = i * p2 + j). Chunks
+c = a * p2 + b. First a ring along axis 0 over super-chunks of p2 chunks (device (i, j) ends
+owning super-chunk i summed over its column), then a ring along axis 1 inside super-chunk i
+(device (i, j) ends owning chunk c = d). The all-gather runs back: along axis 1, then axis 0.
+
+Two-shot (QuickReduce, FlashInfer). One all-to-all: device d sends chunk c to its owner c; the
+owner sums all p copies, then an all-gather. Each value is quantized exactly twice, whatever p.
+
+One-shot (Dong et al.). One all-gather of every device's whole vector; each device sums the p
+copies itself. p - 1 times the bytes of the vector, one quantization per value.
+
+The all-gather phases are `all_gather` steps: each device contributes the chunks it owns and
+receives the others' (on a ring network this is p - 1 forwarding hops of the same bytes; JAX's
+`all_gather` also makes the result provably identical on every device, which `shard_map`'s
+`check_vma` needs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+__all__ = [
+    "Transfer",
+    "Step",
+    "Schedule",
+    "ring_schedule",
+    "bidir_ring_schedule",
+    "torus_schedule",
+    "two_shot_schedule",
+    "one_shot_schedule",
+    "make_schedule",
+    "simulate",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """`src` sends its current copy of `chunks` (consecutive chunk ids) to `dst`."""
+
+    src: int
+    dst: int
+    chunks: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One collective operation.
+
+    Attributes:
+        kind: "permute" (each device sends at most one transfer: one `ppermute`), "all_to_all"
+            or "all_gather".
+        phase: "reduce" (the receiver adds what it gets to its own copy) or "gather" (it stores).
+        axis: which mesh axis the step runs along (0, or 1 for the second axis of a torus).
+        time: steps with the same time are independent and may run at once (bidirectional ring).
+        transfers: everything sent in the step.
+    """
+
+    kind: str
+    phase: str
+    axis: int
+    time: int
+    transfers: tuple[Transfer, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """An AllReduce program over devices `0..p-1` (row-major over `shape`).
+
+    Attributes:
+        name: the algorithm.
+        shape: devices per mesh axis, `(p,)` or `(p1, p2)`.
+        num_chunks: chunks each device's vector is cut into.
+        steps: the collective operations, in order.
+        owners: for each chunk, the devices holding its full sum after the reduce phase.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    num_chunks: int
+    steps: tuple[Step, ...]
+    owners: tuple[tuple[int, ...], ...]
+
+    @property
+    def p(self) -> int:
+        out = 1
+        for s in self.shape:
+            out *= s
+        return out
+
+    def chunks_sent(self, device: int, phase: str | None = None) -> int:
+        """Chunk-sized messages `device` sends (the wire-byte count, in chunks)."""
+        return sum(len(t.chunks) for st in self.steps if phase in (None, st.phase)
+                   for t in st.transfers if t.src == device)
+
+
+def _check_p(p: int, what: str = "p") -> None:
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1:
+        raise ValueError(f"{what} must be a positive integer number of devices, got {p!r}")
+
+
+def _gather(devices_of_axis, axis, time, name_chunks) -> Step:
+    """all_gather along one axis: each device sends the chunks it owns to the others of its group."""
+    transfers = []
+    for group in devices_of_axis:
+        for src in group:
+            mine = name_chunks(src)
+            transfers += [Transfer(src, dst, mine) for dst in group if dst != src]
+    return Step("all_gather", "gather", axis, time, tuple(transfers))
+
+
+def _ring_steps(p, devices, chunk_of, direction, axis, t0) -> list[Step]:
+    """Reduce-scatter ring over `devices` (an axis group list); chunk_of(pos, s) -> chunk ids."""
+    steps = []
+    for s in range(p - 1):
+        transfers = []
+        for group in devices:
+            for pos, src in enumerate(group):
+                dst = group[(pos + direction) % p]
+                transfers.append(Transfer(src, dst, chunk_of(src, pos, s)))
+        steps.append(Step("permute", "reduce", axis, t0 + s, tuple(transfers)))
+    return steps
+
+
+def ring_schedule(p: int) -> Schedule:
+    """Unidirectional ring over p devices: p chunks, p - 1 reduce steps, an all-gather."""
+    _check_p(p)
+    group = [list(range(p))]
+    steps = _ring_steps(p, group, lambda d, pos, s: ((pos - s - 1) % p,), +1, 0, 0)
+    steps.append(_gather(group, 0, p - 1, lambda d: (d,)))
+    return Schedule("ring", (p,), p, tuple(steps), tuple((c,) for c in range(p)))
+
+
+def bidir_ring_schedule(p: int) -> Schedule:
+    """Two rings in opposite directions, each on half the data: 2p chunks."""
+    _check_p(p)
+    group = [list(range(p))]
+    cw = _ring_steps(p, group, lambda d, pos, s: ((pos - s - 1) % p,), +1, 0, 0)
+    ccw = _ring_steps(p, group, lambda d, pos, s: (p + (pos + s + 1) % p,), -1, 0, 0)
+    steps = [st for pair in zip(cw, ccw) for st in pair]
+    steps.append(_gather(group, 0, p - 1, lambda d: (d, p + d)))
+    owners = tuple((c % p,) for c in range(2 * p))
+    return Schedule("bidir_ring", (p,), 2 * p, tuple(steps), owners)
+
+
+def torus_schedule(p1: int, p2: int, bidirectional: bool = False) -> Schedule:
+    """Ring reduce-scatter along axis 0 then axis 1 of a (p1, p2) torus; all-gather back.
+
+    With `bidirectional`, each axis runs two opposite rings on halves of the data (2 p1 p2
+    chunks, chunk c and c + p1 p2 owned by device c).
+    """
+    _check_p(p1, "p1")
+    _check_p(p2, "p2")
+    n = p1 * p2
+    cols = [[i * p2 + j for i in range(p1)] for j in range(p2)]  # groups along axis 0
+    rows = [[i * p2 + j for j in range(p2)] for i in range(p1)]  # groups along axis 1
+    halves = [(0, +1), (n, -1)] if bidirectional else [(0, +1)]
+
+    def along0(base, direction):
+        def chunk_of(d, pos, s):
+            a = (pos - s - 1) % p1 if direction > 0 else (pos + s + 1) % p1
+            return tuple(base + a * p2 + b for b in range(p2))
+        return _ring_steps(p1, cols, chunk_of, direction, 0, 0)
+
+    def along1(base, direction):
+        def chunk_of(d, pos, s):
+            b = (pos - s - 1) % p2 if direction > 0 else (pos + s + 1) % p2
+            return (base + (d // p2) * p2 + b,)
+        return _ring_steps(p2, rows, chunk_of, direction, 1, p1 - 1)
+
+    steps = []
+    for phase in (along0, along1):
+        lanes = [phase(base, direction) for base, direction in halves]
+        steps += [st for group in zip(*lanes) for st in group]
+    t = p1 + p2 - 2
+    steps.append(_gather(rows, 1, t, lambda d: tuple(base + d for base, _ in halves)))
+    steps.append(_gather(cols, 0, t + 1, lambda d: tuple(
+        base + (d // p2) * p2 + b for base, _ in halves for b in range(p2))))
+    name = "bidir_ring" if bidirectional else "ring"
+    owners = tuple((c % n,) for c in range(n * len(halves)))
+    return Schedule(name, (p1, p2), n * len(halves), tuple(steps), owners)
+
+
+def two_shot_schedule(p: int) -> Schedule:
+    """All-to-all to the chunk owners, a sum there, an all-gather: two quantizations per value."""
+    _check_p(p)
+    scatter = tuple(Transfer(src, dst, (dst,)) for src in range(p) for dst in range(p)
+                    if src != dst)
+    steps = (Step("all_to_all", "reduce", 0, 0, scatter),
+             _gather([list(range(p))], 0, 1, lambda d: (d,)))
+    return Schedule("two_shot", (p,), p, steps, tuple((c,) for c in range(p)))
+
+
+def one_shot_schedule(p: int) -> Schedule:
+    """Every device gathers every input and sums them itself: one quantization per value."""
+    _check_p(p)
+    step = _gather([list(range(p))], 0, 0, lambda d: (0,))
+    step = dataclasses.replace(step, phase="reduce")
+    return Schedule("one_shot", (p,), 1, (step,), (tuple(range(p)),))
+
+
+def make_schedule(algorithm: str, shape: tuple[int, ...]) -> Schedule:
+    """The schedule of `algorithm` ("ring", "bidir_ring", "two_shot", "one_shot") on `shape`."""
+    shape = tuple(shape)
+    if len(shape) == 2:
+        if algorithm not in ("ring", "bidir_ring"):
+            raise ValueError(f"a pair of mesh axes (2D torus) takes 'ring' or 'bidir_ring', "
+                             f"not {algorithm!r}")
+        return torus_schedule(*shape, bidirectional=algorithm == "bidir_ring")
+    if len(shape) != 1:
+        raise ValueError(f"schedules run over one mesh axis or a pair, got shape {shape}")
+    builders = {"ring": ring_schedule, "bidir_ring": bidir_ring_schedule,
+                "two_shot": two_shot_schedule, "one_shot": one_shot_schedule}
+    if algorithm not in builders:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(builders)}")
+    return builders[algorithm](shape[0])
+
+
+def simulate(schedule: Schedule) -> list[list[Counter]]:
+    """Run a schedule on symbols: which inputs each device's copy of each chunk sums, at the end.
+
+    Returns `held[device][chunk]`, a Counter of input devices (a count of 2 would mean an input
+    was added twice). A correct AllReduce ends with every count exactly 1 on every device.
+    """
+    p, n = schedule.p, schedule.num_chunks
+    held = [[Counter({d: 1}) for _ in range(n)] for d in range(p)]
+    for step in schedule.steps:
+        sent = [(t, [held[t.src][c].copy() for c in t.chunks]) for t in step.transfers]
+        for t, parts in sent:
+            for c, part in zip(t.chunks, parts):
+                if step.phase == "reduce":
+                    held[t.dst][c] += part
+                else:
+                    held[t.dst][c] = part
+    return held
