@@ -1,0 +1,144 @@
+"""The Gemma 3 decoder in pure JAX, written for one tensor-parallel shard.
+
+Every function here sees the *local* slice of the weights: `n` of the `N` query heads, `k` of
+the key/value heads, `f` of the `F` MLP columns. With one device those are the whole model; under
+`jax.shard_map` (see `parallel.py`) each device runs the same code on its slice, and the only
+cross-device step is the reduction `reduce(x)` that closes attention and the MLP:
+
+    x <- x + post_attn_norm( reduce( o_proj( attention( pre_attn_norm(x) ) ) ) )
+    x <- x + post_ffw_norm ( reduce( down  ( gelu_tanh(gate(h)) * up(h) ) ) ),  h = pre_ffw_norm(x)
+
+The reduction must come *before* the post-norms: RMSNorm of a partial sum is not the partial of
+an RMSNorm. That is where EQuARX's quantized AllReduce replaces the exact one.
+
+Faithful to Gemma 3: RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` in float32; QK-norm over
+`head_dim`; rotate-half RoPE with base 10k (local) or 1M (global, positions divided by the linear
+scale); a sliding window on local layers (query `i` sees keys `i - window < j <= i`); queries
+scaled by `query_pre_attn_scalar ** -0.5`; no soft-capping. All activations are float32, and the
+layers run under `lax.scan` over weights stacked on a leading layer axis, so one compiled block
+serves all `L` layers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .config import Gemma3Config
+
+__all__ = ["rms_norm", "rope_tables", "apply_rope", "attention", "mlp", "decoder"]
+
+f32 = jnp.float32
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """Gemma's RMSNorm over the last axis, in float32: `x * rsqrt(mean(x^2) + eps) * (1 + w)`."""
+    x32 = x.astype(f32)
+    y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * (1.0 + w.astype(f32))).astype(x.dtype)
+
+
+def rope_tables(seq: int, head_dim: int, base: float, scale: float = 1.0):
+    """cos and sin tables of rotate-half RoPE, each `[seq, head_dim]`.
+
+    Angle of position `t`, pair `i`: `(t / scale) * base ** (-2i / head_dim)`; the two halves of
+    the head share the frequencies (`cat(freqs, freqs)`).
+    """
+    inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))  # [H/2]
+    inv_freq = inv_freq / scale
+    t = jnp.arange(seq, dtype=f32)
+    ang = t[:, None] * inv_freq[None, :]                                           # [S, H/2]
+    ang = jnp.concatenate([ang, ang], axis=-1)                                     # [S, H]
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate `x` `[batch, seq, heads, head_dim]` by position: `x cos + rotate_half(x) sin`."""
+    h = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., h:], x[..., :h]], axis=-1)   # rotate_half
+    return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
+
+
+def attention(x, w, cos, sin, mask, config: Gemma3Config) -> jax.Array:
+    """Grouped-query attention on this shard's heads; returns the `o_proj` partial sum.
+
+    Args:
+        x: `[batch, seq, D]`, already pre-normed.
+        w: layer weights: q `[D, n, H]`, k/v `[D, k, H]`, q_norm/k_norm `[H]`, o `[n, H, D]`.
+        cos, sin: `[seq, H]` RoPE tables of this layer's kind.
+        mask: `[seq, seq]` bool, True where query i may attend to key j.
+
+    Returns:
+        `[batch, seq, D]`: this shard's contribution to the attention output (sum over shards).
+    """
+    eps = config.norm_eps
+    q = jnp.einsum("bsd,dnh->bsnh", x, w["q"])                   # [B, S, n, H]
+    k = jnp.einsum("bsd,dkh->bskh", x, w["k"])                   # [B, S, k, H]
+    v = jnp.einsum("bsd,dkh->bskh", x, w["v"])                   # [B, S, k, H]
+    q = apply_rope(rms_norm(q, w["q_norm"], eps), cos, sin)
+    k = apply_rope(rms_norm(k, w["k_norm"], eps), cos, sin)
+    B, S, n, H = q.shape
+    kh = k.shape[2]
+    q = q.reshape(B, S, kh, n // kh, H)                          # [B, S, k, g, H]
+    scores = jnp.einsum("bskgh,btkh->bkgst", q, k) * config.query_scale  # [B, k, g, S, T]
+    scores = jnp.where(mask[None, None, None], scores, jnp.finfo(f32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgst,btkh->bskgh", probs, v).reshape(B, S, n, H)  # [B, S, n, H]
+    return jnp.einsum("bsnh,nhd->bsd", out, w["o"])               # [B, S, D] partial
+
+
+def mlp(x, w) -> jax.Array:
+    """Gated gelu-tanh MLP on this shard's `f` columns; returns the `down_proj` partial sum."""
+    gate = jnp.einsum("bsd,df->bsf", x, w["gate"])                # [B, S, f]
+    up = jnp.einsum("bsd,df->bsf", x, w["up"])                    # [B, S, f]
+    h = jax.nn.gelu(gate, approximate=True) * up
+    return jnp.einsum("bsf,fd->bsd", h, w["down"])                # [B, S, D] partial
+
+
+def masks(seq: int, window: int):
+    """(global, local) attention masks `[seq, seq]`: causal, and causal within `window`."""
+    i = jnp.arange(seq)[:, None]
+    j = jnp.arange(seq)[None, :]
+    causal = j <= i
+    return causal, causal & (j > i - window)
+
+
+def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
+            reduce: Callable[[jax.Array], jax.Array], record: bool = False):
+    """Run all `L` blocks over the residual stream `x` `[batch, seq, D]` with `lax.scan`.
+
+    Args:
+        x: embedded tokens, `[batch, seq, D]`, float32.
+        layers: stacked (local-shard) layer weights, each with a leading `L` axis.
+        config: the model configuration.
+        reduce: the cross-shard sum of a partial `[batch, seq, D]` (identity on one device).
+        record: also return the partial sums that entered `reduce`.
+
+    Returns:
+        The residual stream after the last block; with `record`, also a dict with "attn" and
+        "mlp" partial sums, each `[L, batch, seq, D]`.
+    """
+    S = x.shape[1]
+    eps = config.norm_eps
+    H = config.head_dim
+    local_cs = rope_tables(S, H, config.local_rope_base)
+    global_cs = rope_tables(S, H, config.global_rope_base, config.global_rope_scale)
+    global_mask, local_mask = masks(S, config.sliding_window)
+    is_global = jnp.array([config.is_global(i) for i in range(config.num_layers)])
+
+    def block(x, args):
+        w, g = args
+        cos = jnp.where(g, global_cs[0], local_cs[0])
+        sin = jnp.where(g, global_cs[1], local_cs[1])
+        mask = jnp.where(g, global_mask, local_mask)
+        a_part = attention(rms_norm(x, w["attn_norm"], eps), w, cos, sin, mask, config)
+        x = x + rms_norm(reduce(a_part), w["post_attn_norm"], eps)
+        m_part = mlp(rms_norm(x, w["ffw_norm"], eps), w)
+        x = x + rms_norm(reduce(m_part), w["post_ffw_norm"], eps)
+        return x, ({"attn": a_part, "mlp": m_part} if record else None)
+
+    x, parts = lax.scan(block, x, (layers, is_global))
+    return (x, parts) if record else x

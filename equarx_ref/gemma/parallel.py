@@ -1,0 +1,236 @@
+"""Tensor-parallel Gemma 3: Megatron-style sharding over one mesh axis, and `forward`.
+
+With `p` devices on the tensor-parallel axis, each device holds:
+
+    q, k, v   column-parallel: N/p query heads (and their key/value heads)     [D, N/p, H]
+    o_proj    row-parallel:    the rows of those same heads                    [N/p, H, D]
+    gate, up  column-parallel: F/p MLP columns                                 [D, F/p]
+    down      row-parallel:    the same F/p rows                               [F/p, D]
+    embedding vocabulary-parallel: V/p rows, used for the lookup and the tied output
+    norms     replicated
+
+so attention and the MLP run without communication until `o_proj` and `down_proj`, whose
+outputs are partial sums: `y = sum_d y_d`. Those two AllReduces per layer are the only
+communication in a block, and they are what `all_reduce(x, axis_name)` replaces. When there are
+fewer key/value heads than devices (`K < p`, e.g. the 270M's single KV head), each device keeps a
+copy of the KV head its query heads need. The embedding lookup sums one non-zero row across
+devices (an exact `psum`), and the logits stay sharded over the vocabulary: no device ever holds
+all `V` columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .config import Gemma3Config
+from .model import decoder, rms_norm
+
+__all__ = ["forward", "shard_params", "ShardedParams", "check_params", "tp_size_error"]
+
+AllReduce = Callable[[jax.Array, str], jax.Array]
+
+
+class ShardedParams(NamedTuple):
+    """Weights already placed on `mesh` in the tensor-parallel layout (from `shard_params`)."""
+
+    tree: dict
+    mesh: Mesh
+    config: Gemma3Config
+
+
+def check_params(params: dict, config: Gemma3Config) -> None:
+    """Raise ValueError unless `params` has exactly the names and shapes `config` implies."""
+    want = config.param_shapes()
+    if not isinstance(params, dict) or set(params) != set(want) or \
+            not isinstance(params.get("layers"), dict) or set(params["layers"]) != set(want["layers"]):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"Gemma 3 params must have keys {sorted(want)} with layers "
+                         f"{sorted(want['layers'])}; got {got}")
+    bad = []
+    for name, shape in [("embed", want["embed"]), ("final_norm", want["final_norm"])] + \
+            [(f"layers.{k}", s) for k, s in want["layers"].items()]:
+        arr = params[name] if "." not in name else params["layers"][name.split(".")[1]]
+        if tuple(arr.shape) != tuple(shape):
+            bad.append(f"{name}: expected {tuple(shape)}, got {tuple(arr.shape)}")
+    if bad:
+        raise ValueError(f"params do not match Gemma3Config({config.name}): " + "; ".join(bad))
+
+
+def tp_size_error(config: Gemma3Config, p: int) -> str | None:
+    """Why `config` cannot be split over `p` devices, or None if it can."""
+    N, K, F, V = config.num_heads, config.num_kv_heads, config.hidden_dim, config.vocab_size
+    if N % p:
+        return f"{N} query heads do not split over {p} devices (TP size must divide num_heads)"
+    if K % p and p % K:
+        return f"{K} KV heads neither split over nor replicate onto {p} devices"
+    if F % p:
+        return f"MLP width {F} does not split over {p} devices"
+    if V % p:
+        return f"vocabulary {V} does not split over {p} devices"
+    return None
+
+
+def _axis(mesh: Mesh) -> str:
+    if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
+        raise ValueError(f"forward needs a 1-D mesh (its axis is the tensor-parallel axis), "
+                         f"got {mesh!r}")
+    return mesh.axis_names[0]
+
+
+def _specs(axis: str) -> dict:
+    rep = P()
+    return {
+        "embed": P(axis, None),
+        "final_norm": rep,
+        "layers": {
+            "attn_norm": rep, "q_norm": rep, "k_norm": rep,
+            "post_attn_norm": rep, "ffw_norm": rep, "post_ffw_norm": rep,
+            "q": P(None, None, axis, None), "k": P(None, None, axis, None),
+            "v": P(None, None, axis, None), "o": P(None, axis, None, None),
+            "gate": P(None, None, axis), "up": P(None, None, axis), "down": P(None, axis, None),
+        },
+    }
+
+
+def _kv_heads_for(config: Gemma3Config, p: int) -> np.ndarray | None:
+    """KV head indices laid out device after device, or None when K splits evenly over p."""
+    N, K = config.num_heads, config.num_kv_heads
+    if K % p == 0:
+        return None
+    group = N // K
+    return np.array([(d * (N // p)) // group for d in range(p)])   # one KV head per device
+
+
+def shard_params(params: dict, config: Gemma3Config, mesh: Mesh) -> ShardedParams:
+    """Place `params` on `mesh` in the tensor-parallel layout (KV heads replicated if K < p).
+
+    Pass the result to `forward` instead of `params` to skip placing the weights on every call.
+    """
+    if isinstance(params, ShardedParams):
+        if params.mesh != mesh or params.config != config:
+            raise ValueError("these ShardedParams were placed for another mesh or config")
+        return params
+    axis = _axis(mesh)
+    p = mesh.shape[axis]
+    if (why := tp_size_error(config, p)) is not None:
+        raise ValueError(f"Gemma 3 {config.name} cannot run tensor-parallel on {p} devices: {why}")
+    check_params(params, config)
+    layers = dict(params["layers"])
+    idx = _kv_heads_for(config, p)
+    if idx is not None:                             # [L, D, K, H] -> [L, D, p, H]
+        for name in ("k", "v"):
+            xp = np if isinstance(layers[name], np.ndarray) else jnp
+            layers[name] = xp.take(layers[name], idx, axis=2)
+    tree = {"embed": params["embed"], "final_norm": params["final_norm"], "layers": layers}
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), _specs(axis))
+    return ShardedParams(jax.device_put(tree, shardings), mesh, config)
+
+
+def _check_tokens(tokens, config: Gemma3Config):
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if isinstance(tokens, np.ndarray) and tokens.size and \
+            (tokens.min() < 0 or tokens.max() >= config.vocab_size):
+        raise ValueError(f"token ids must lie in [0, {config.vocab_size}), "
+                         f"got [{tokens.min()}, {tokens.max()}]")
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _forward_single(params, tokens, config: Gemma3Config):
+    x = jnp.take(params["embed"], tokens, axis=0) * jnp.asarray(math.sqrt(config.embed_dim),
+                                                               jnp.float32)  # [B, S, D]
+    x = decoder(x, params["layers"], config, reduce=lambda a: a)
+    x = rms_norm(x, params["final_norm"], config.norm_eps)
+    return jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "mesh", "all_reduce", "record"))
+def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, record: bool):
+    axis = mesh.axis_names[0]
+    p = mesh.shape[axis]
+    Vl = config.vocab_size // p
+    reduce = (lambda a: lax.psum(a, axis)) if all_reduce is None else \
+        (lambda a: all_reduce(a, axis))
+
+    def body(params, tokens):
+        # Vocabulary-parallel lookup: the device owning a token's row contributes it, others 0.
+        local = tokens - lax.axis_index(axis) * Vl                                 # [B, S]
+        ok = (local >= 0) & (local < Vl)
+        rows = jnp.take(params["embed"], jnp.clip(local, 0, Vl - 1), axis=0)       # [B, S, D]
+        x = lax.psum(jnp.where(ok[..., None], rows, 0.0), axis)                    # exact
+        x = x * jnp.asarray(math.sqrt(config.embed_dim), jnp.float32)
+        out = decoder(x, params["layers"], config, reduce=reduce, record=record)
+        x, parts = out if record else (out, None)
+        x = rms_norm(x, params["final_norm"], config.norm_eps)
+        logits = jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V/p]
+        if record:
+            return logits, jax.tree.map(lambda a: a[None], parts)                  # [1, L, B, S, D]
+        return logits
+
+    out_specs = P(None, None, axis)
+    if record:
+        out_specs = (out_specs, {"attn": P(axis), "mlp": P(axis)})
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(_specs(axis), P()), out_specs=out_specs,
+                       check_vma=True)
+    return fn(params, tokens)
+
+
+def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = None,
+            all_reduce: AllReduce | None = None) -> jax.Array:
+    """Logits of Gemma 3 for `tokens` `[batch, seq]`: `[batch, seq, vocab]`, float32.
+
+    Args:
+        params: weights as `load_gguf` returns them (numpy or jax arrays, or `shard_params`'s
+            placed copy).
+        tokens: integer ids `[batch, seq]`.
+        config: the model configuration.
+        mesh: a 1-D mesh; its axis is the tensor-parallel axis. None: one device, no
+            communication.
+        all_reduce: `(x, axis_name) -> x` used at the two reduction sites of every layer (after
+            `o_proj` and after `down_proj`), e.g. `functools.partial(eq.all_reduce,
+            fmt=eq.Format.int8(), algorithm="ring")`. None means `lax.psum`.
+
+    Returns:
+        Logits `[batch, seq, vocab]`; with a mesh, sharded over the vocabulary.
+
+    Raises:
+        ValueError: wrong parameter names/shapes, a mesh that is not 1-D, a TP size that does
+            not divide the heads, or `all_reduce` without a mesh.
+    """
+    tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
+    _check_tokens(tokens, config)
+    if mesh is None:
+        if all_reduce is not None:
+            raise ValueError("all_reduce needs a mesh: without one there is nothing to reduce")
+        if isinstance(params, ShardedParams):
+            raise ValueError("these params were placed on a mesh: pass mesh= as well")
+        check_params(params, config)
+        return _forward_single(params, jnp.asarray(tokens), config)
+    _axis(mesh)
+    placed = shard_params(params, config, mesh).tree
+    tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
+    return _forward_tp(placed, tokens, config, mesh, all_reduce, False)
+
+
+def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None):
+    """`forward`, also returning the partial sums that entered each AllReduce.
+
+    Returns:
+        (logits, parts) with parts["attn"], parts["mlp"] of shape `[p, L, batch, seq, D]`
+        (device d's partial of layer l at `[d, l]`), sharded over devices.
+    """
+    tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
+    _check_tokens(tokens, config)
+    placed = shard_params(params, config, mesh).tree
+    tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
+    return _forward_tp(placed, tokens, config, mesh, all_reduce, True)

