@@ -44,6 +44,7 @@ For int8 at p = 8 that is 1.15% (ring), 0.77% (two-shot) and 0.54% (one-shot):
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -51,12 +52,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import quantize as qz
 from .formats import Format
+from .quantize import decode, encode, gaussian_relative_error, wire_nbytes
 from .schedule import Schedule, make_schedule
 
-__all__ = ["ALGORITHMS", "all_reduce", "wire_bytes", "predicted_relative_error",
-           "quantized_sizes", "hlo_wire_bytes"]
+__all__ = [
+    "ALGORITHMS",
+    "all_reduce",
+    "hlo_wire_bytes",
+    "predicted_relative_error",
+    "quantized_sizes",
+    "wire_bytes",
+]
 
 ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
 _RING_FAMILY = ("ring", "bidir_ring")
@@ -77,27 +84,27 @@ class _Codec:
 
     def encode(self, v: jax.Array) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
-            return qz.encode(v, self.fmt)
+            return encode(v, self.fmt)
         raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
         return raw.reshape(*v.shape[:-1], -1)
 
     def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
         if self.fmt is not None:
-            return qz.decode(buf, self.fmt, m).astype(self.acc)
+            return decode(buf, self.fmt, m).astype(self.acc)
         if self.dtype.itemsize > 1:
             buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
         return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
 
     def nbytes(self, m: int) -> int:
-        return qz.wire_nbytes(m, self.fmt, self.dtype)
+        return wire_nbytes(m, self.fmt, self.dtype)
 
 
 def _layout(n: int, sched: Schedule, align: int, num_chunks: int) -> tuple[int, list[tuple]]:
-    """Chunk length L (a multiple of `align`) and the pipeline pieces [(start, length)] of a chunk."""
+    """Chunk length L (a multiple of `align`) and the pipeline pieces [(start, length)]."""
     units = max(1, -(-n // (sched.num_chunks * align)))  # aligned units per chunk
     k = min(num_chunks, units)  # never more pieces than blocks
     bounds = [units * j // k for j in range(k + 1)]
-    pieces = [(a * align, (b - a) * align) for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = [(a * align, (b - a) * align) for a, b in itertools.pairwise(bounds)]
     return units * align, pieces
 
 
@@ -270,7 +277,7 @@ def quantized_sizes(algorithm: str, p) -> list[int]:
         for q in shape:  # a ring along each axis in turn
             sizes += [done * k for k in range(1, q)]
             done *= q
-        return sizes + [total]
+        return [*sizes, total]
     if algorithm == "two_shot":
         return [1] * total + [total]
     if algorithm == "one_shot":
@@ -286,7 +293,7 @@ def predicted_relative_error(fmt: Format | None, algorithm: str, p) -> float:
     if fmt is None or algorithm == "psum":
         return 0.0
     total = math.prod((p,) if isinstance(p, int) else p)
-    c = qz.gaussian_relative_error(fmt)
+    c = gaussian_relative_error(fmt)
     return c * math.sqrt(sum(quantized_sizes(algorithm, p)) / total)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh
 
-__all__ = ["setup_devices", "describe_devices", "make_mesh"]
+__all__ = ["describe_devices", "make_mesh", "setup_devices"]
 
 
 def setup_devices(n: int = 8) -> list[jax.Device]:
@@ -52,7 +52,7 @@ def setup_devices(n: int = 8) -> list[jax.Device]:
 
 
 def describe_devices(devices: list[jax.Device]) -> str:
-    """One line saying what the devices are, e.g. '8 simulated CPU devices (no accelerator used)'."""
+    """One line saying what the devices are, e.g. '8 simulated CPU devices (...)'."""
     kinds = {d.device_kind for d in devices}
     platform = devices[0].platform
     if platform == "cpu":

@@ -35,7 +35,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Format", "SCALE_DTYPES"]
+__all__ = ["SCALE_DTYPES", "Format"]
 
 # Scale types: name -> bits on the wire. "e8m0" is a power-of-two exponent byte (MX).
 SCALE_DTYPES = {"bfloat16": 16, "float32": 32, "e8m0": 8}

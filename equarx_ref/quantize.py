@@ -3,7 +3,7 @@
 For each block of `B` consecutive values (a `Format` fixes B, the element grid and the scale type):
 
     amax  = max |x|                                   over the block, in f32
-    scale = amax / elem_max, rounded UP to the scale dtype   (so |x| / scale <= elem_max: no clipping)
+    scale = amax / elem_max, rounded UP to the scale dtype  (so |x| / scale <= elem_max)
     q     = round(x / scale)  onto the element grid   (nearest-even, or stochastic)
     x'    = q * scale                                 (dequantize, in f32)
 
@@ -49,14 +49,14 @@ from .formats import Format
 
 __all__ = [
     "Quantized",
-    "quantize",
-    "dequantize",
-    "to_bytes",
-    "from_bytes",
-    "encode",
     "decode",
-    "wire_nbytes",
+    "dequantize",
+    "encode",
+    "from_bytes",
     "gaussian_relative_error",
+    "quantize",
+    "to_bytes",
+    "wire_nbytes",
 ]
 
 _E8M0_BIAS = 127
@@ -78,9 +78,9 @@ class Quantized:
 
     payload: jax.Array
     scales: jax.Array
-    shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
-    dtype: str = dataclasses.field(metadata=dict(static=True))
-    fmt: Format = dataclasses.field(metadata=dict(static=True))
+    shape: tuple[int, ...] = dataclasses.field(metadata={"static": True})
+    dtype: str = dataclasses.field(metadata={"static": True})
+    fmt: Format = dataclasses.field(metadata={"static": True})
 
     @property
     def nbytes(self) -> int:

@@ -42,16 +42,16 @@ import dataclasses
 from collections import Counter
 
 __all__ = [
-    "Transfer",
-    "Step",
     "Schedule",
-    "ring_schedule",
+    "Step",
+    "Transfer",
     "bidir_ring_schedule",
+    "make_schedule",
+    "one_shot_schedule",
+    "ring_schedule",
+    "simulate",
     "torus_schedule",
     "two_shot_schedule",
-    "one_shot_schedule",
-    "make_schedule",
-    "simulate",
 ]
 
 
@@ -121,7 +121,7 @@ def _check_p(p: int, what: str = "p") -> None:
 
 
 def _gather(devices_of_axis, axis, time, name_chunks) -> Step:
-    """all_gather along one axis: each device sends the chunks it owns to the others of its group."""
+    """all_gather along one axis: each device sends its own chunks to the others of its group."""
     transfers = []
     for group in devices_of_axis:
         for src in group:
@@ -158,7 +158,7 @@ def bidir_ring_schedule(p: int) -> Schedule:
     group = [list(range(p))]
     cw = _ring_steps(p, group, lambda d, pos, s: ((pos - s - 1) % p,), +1, 0, 0)
     ccw = _ring_steps(p, group, lambda d, pos, s: (p + (pos + s + 1) % p,), -1, 0, 0)
-    steps = [st for pair in zip(cw, ccw) for st in pair]
+    steps = [st for pair in zip(cw, ccw, strict=True) for st in pair]
     steps.append(_gather(group, 0, p - 1, lambda d: (d, p + d)))
     owners = tuple((c % p,) for c in range(2 * p))
     return Schedule("bidir_ring", (p,), 2 * p, tuple(steps), owners)
@@ -192,7 +192,7 @@ def torus_schedule(p1: int, p2: int, bidirectional: bool = False) -> Schedule:
     steps = []
     for phase in (along0, along1):
         lanes = [phase(base, direction) for base, direction in halves]
-        steps += [st for group in zip(*lanes) for st in group]
+        steps += [st for group in zip(*lanes, strict=True) for st in group]
     t = p1 + p2 - 2
     steps.append(_gather(rows, 1, t, lambda d: tuple(base + d for base, _ in halves)))
     steps.append(_gather(cols, 0, t + 1, lambda d: tuple(
@@ -248,7 +248,7 @@ def simulate(schedule: Schedule) -> list[list[Counter]]:
     for step in schedule.steps:
         sent = [(t, [held[t.src][c].copy() for c in t.chunks]) for t in step.transfers]
         for t, parts in sent:
-            for c, part in zip(t.chunks, parts):
+            for c, part in zip(t.chunks, parts, strict=True):
                 if step.phase == "reduce":
                     held[t.dst][c] += part
                 else:
