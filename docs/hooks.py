@@ -79,8 +79,8 @@ def on_config(config):
 def on_files(files, config):
     mods = _modules()
     lines = ["# API reference", "",
-             "Everything is re-exported by `import equarx_ref as eq`; the pages below document each "
-             "module from its docstrings.", "",
+             "Everything is re-exported by `import equarx_ref as eq`; the pages below document "
+             "each module from its docstrings.", "",
              "| Module | What it is |", "|---|---|"]
     for m, first in mods:
         short = m.split(".", 1)[1]
@@ -140,3 +140,54 @@ def _load(name: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"docs: {path} is missing; regenerate it (see docs/results.md)")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------- generators
+
+
+def _presets():
+    import equarx_ref as eq
+
+    return [eq.Format.int8(), eq.Format.int8(scale_dtype="float32"), eq.Format.int4(),
+            eq.Format.fp8_e4m3(), eq.Format.fp8_e5m2(), eq.Format.mxfp8(), eq.Format.mxfp4()]
+
+
+@generator("formats")
+def _gen_formats() -> str:
+    """Concepts: every preset's bits per element and one-quantization error, from the package."""
+    import equarx_ref as eq
+
+    rows = []
+    for f in _presets():
+        scale = "E8M0 (power of two)" if f.is_mx else f.scale_dtype
+        rows.append([f"`{f.name}`", f.element, f.block_size, scale, f"{f.bits_per_element:g}",
+                     f"{16 / f.bits_per_element:.2f}x",
+                     f"{100 * eq.gaussian_relative_error(f):.2f}%"])
+    return (_table(["format", "element", "block", "scale", "bits / element", "vs bf16",
+                    "relative RMS error of one quantization (Gaussian data)"], rows)
+            + "\n\n*Computed by `Format.bits_per_element` and `gaussian_relative_error(fmt)` "
+            "when this site was built.*")
+
+
+@generator("wire-bytes")
+def _gen_wire_bytes() -> str:
+    """Concepts: bytes per device and predicted error of every algorithm, from the package."""
+    import equarx_ref as eq
+
+    n, p = 1 << 20, 8
+    base = eq.wire_bytes(n, p, fmt=None, algorithm="ring", dtype="bfloat16")
+    rows = []
+    for fmt in (None, eq.Format.int8(), eq.Format.int4()):
+        for alg in ("ring", "bidir_ring", "two_shot", "one_shot"):
+            b = eq.wire_bytes(n, p, fmt=fmt, algorithm=alg, dtype="bfloat16")
+            err = eq.predicted_relative_error(fmt, alg, p)
+            rows.append([f"`{alg}`", "bf16 (unquantized)" if fmt is None else f"`{fmt.name}`",
+                         f"{b:,}", f"{b / base:.3f}",
+                         "rounding of bf16 only" if fmt is None else f"{100 * err:.2f}%"])
+    formula = 2 * (p - 1) * n * 2 // p
+    return (_table(["algorithm", "on the wire", "bytes sent per device", "vs bf16 ring",
+                    "predicted relative error"], rows)
+            + f"\n\n*`eq.wire_bytes(n={n:,}, p={p}, fmt=..., algorithm=..., dtype=\"bfloat16\")` "
+            f"and `eq.predicted_relative_error(fmt, algorithm, p)`, computed when this site was "
+            f"built. The ring formula 2(p − 1)/p · n · 2 bytes gives {formula:,} for the bf16 "
+            f"ring.*")

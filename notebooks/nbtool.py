@@ -1,10 +1,10 @@
 """Keep the course notebooks consistent, executed and clean.
 
-    python notebooks/nbtool.py new     notebooks/05_topic.ipynb "Title"   # skeleton with the opening
-    python notebooks/nbtool.py header  notebooks/*.ipynb                  # refresh badge + install cell
-    python notebooks/nbtool.py run     notebooks/01_quantization.ipynb    # header, execute, strip
-    python notebooks/nbtool.py strip   notebooks/*.ipynb                  # strip volatile metadata
-    python notebooks/nbtool.py check   notebooks/*.ipynb                  # what tests/test_notebooks.py checks
+    python notebooks/nbtool.py new    notebooks/05_topic.ipynb "Title"  # skeleton + opening cells
+    python notebooks/nbtool.py header notebooks/*.ipynb                 # refresh badge, install
+    python notebooks/nbtool.py run    notebooks/01_quantization.ipynb   # header, execute, strip
+    python notebooks/nbtool.py strip  notebooks/*.ipynb                 # strip volatile metadata
+    python notebooks/nbtool.py check  notebooks/*.ipynb                 # what the tests check
 
 Every notebook opens the same way (DESIGN.md): a markdown cell with the title, the Colab badge and
 the learning goals; a code cell that installs the package only on Colab; then

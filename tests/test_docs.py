@@ -111,7 +111,8 @@ def server(site):
 def _browse(url: str, tmp: Path, name: str, height: int) -> tuple[str, Path]:
     exe = _chromium()
     shot = tmp / f"{name}.png"
-    common = [exe, *CHROMIUM_FLAGS, "--virtual-time-budget=4000", "--run-all-compositor-stages-before-draw"]
+    common = [exe, *CHROMIUM_FLAGS, "--virtual-time-budget=4000",
+              "--run-all-compositor-stages-before-draw"]
     dom = subprocess.run(
         [*common, f"--user-data-dir={tmp / (name + '-profile-dom')}", "--dump-dom", url],
         capture_output=True, text=True, timeout=90,
