@@ -30,8 +30,9 @@ Edge cases, all deliberate:
   are untouched.
 
 Wire layout. `to_bytes` lays out one uint8 buffer: every block's payload first (4-bit elements
-packed two per byte, low nibble first), then every block's scale bytes (bf16/f32 bit patterns, or
-the E8M0 byte). A collective sends exactly that buffer, so the bytes counted are the bytes sent.
+packed two per byte: element i of a block in the low nibble of byte i, element i + B/2 in its
+high nibble), then every block's scale bytes (bf16/f32 bit patterns, or the E8M0 byte). A
+collective sends exactly that buffer, so the bytes counted are the bytes sent.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 _E8M0_BIAS = 127
-_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 
 
 @jax.tree_util.register_dataclass
@@ -154,6 +155,8 @@ def _apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array
 
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
     """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
+    if key is None and fmt.element in _FP8:  # XLA's f32 -> fp8 cast rounds to nearest even
+        return v.astype(_FP8[fmt.element]).astype(jnp.float32)
     if fmt.is_int:
         step = None
         r = v
@@ -179,29 +182,28 @@ def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
         idx = jnp.where(a < 2, 2 * a, jnp.where(a < 4, a + 2, a / 2 + 4)).astype(jnp.uint8)
         codes = (idx | jnp.where(jnp.signbit(q), 8, 0).astype(jnp.uint8)).astype(jnp.uint8)
     else:
-        f8 = jnp.float8_e4m3fn if fmt.element == "e4m3" else jnp.float8_e5m2
-        codes = q.astype(f8)  # exact: q is on the grid
+        codes = q.astype(_FP8[fmt.element])  # exact: q is on the grid
     codes = lax.bitcast_convert_type(codes, jnp.uint8)
     if fmt.elem_bits == 8:
         return codes
-    pairs = (codes & 0xF).reshape(*codes.shape[:-1], -1, 2)
-    return pairs[..., 0] | (pairs[..., 1] << 4)
+    half = codes.shape[-1] // 2  # element i in the low nibble, element i + B/2 in the high one
+    return (codes[..., :half] & 0xF) | (codes[..., half:] << 4)
 
 
 def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
     """Packed uint8 [..., PB] -> grid values f32 [..., B]."""
     if fmt.elem_bits == 4:
-        payload = jnp.stack([payload & 0xF, payload >> 4], axis=-1).reshape(
-            *payload.shape[:-1], -1)
+        payload = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1)
     if fmt.element == "int":
         if fmt.elem_bits == 4:
             return ((payload.astype(jnp.int32) ^ 8) - 8).astype(jnp.float32)
         return lax.bitcast_convert_type(payload, jnp.int8).astype(jnp.float32)
-    if fmt.element == "e2m1":
-        table = jnp.array(_E2M1_VALUES + tuple(-v for v in _E2M1_VALUES), jnp.float32)
-        return table[payload.astype(jnp.int32)]
-    f8 = jnp.float8_e4m3fn if fmt.element == "e4m3" else jnp.float8_e5m2
-    return lax.bitcast_convert_type(payload, f8).astype(jnp.float32)
+    if fmt.element == "e2m1":  # sign | exponent (2 bits) | mantissa (1 bit), bias 1
+        c = payload.astype(jnp.int32)
+        e, m = (c >> 1) & 3, (c & 1).astype(jnp.float32)
+        mag = jnp.where(e == 0, 0.5 * m, (2 + m) * (1 << e).astype(jnp.float32) * 0.25)
+        return jnp.where(c & 8, -mag, mag)
+    return lax.bitcast_convert_type(payload, _FP8[fmt.element]).astype(jnp.float32)
 
 
 # ---- public API ----------------------------------------------------------------------------
