@@ -3,6 +3,7 @@
 The public API is re-exported here; nothing is defined in this file.
 """
 
+from . import gemma, viz
 from .collectives import (
     ALGORITHMS,
     all_reduce,
@@ -32,5 +33,5 @@ __all__ = [
     "bidir_ring_schedule", "dequantize", "describe_devices", "gaussian_relative_error",
     "hlo_wire_bytes", "make_mesh", "make_schedule", "one_shot_schedule",
     "predicted_relative_error", "quantize", "quantized_sizes", "ring_schedule", "setup_devices",
-    "simulate", "torus_schedule", "two_shot_schedule", "wire_bytes",
+    "simulate", "torus_schedule", "two_shot_schedule", "wire_bytes", "gemma", "viz",
 ]
