@@ -191,3 +191,133 @@ def _gen_wire_bytes() -> str:
             f"and `eq.predicted_relative_error(fmt, algorithm, p)`, computed when this site was "
             f"built. The ring formula 2(p − 1)/p · n · 2 bytes gives {formula:,} for the bf16 "
             f"ring.*")
+
+
+# ---------------------------------------------------------------------------- command outputs
+
+# Each data file is the verbatim output of one command, run from the repository root. The pages
+# print the command beside what it made; `python docs/hooks.py refresh [FILE...]` reruns them.
+COMMANDS = {
+    "demo.json": "equarx-ref demo --size 4096 --repeats 1 --json docs/data/demo.json",
+}
+
+
+def _command(name: str) -> str:
+    return f"```bash\n{COMMANDS[name]}\n```"
+
+
+def _demo_rows() -> tuple[dict, list[dict]]:
+    demo = _load("demo.json")
+    return demo, demo["rows"]
+
+
+def _fmt_err(r: dict, key: str) -> str:
+    return "–" if (key == "predicted_error" and r["format"] == "bf16") else f"{r[key]:.2e}"
+
+
+@generator("demo")
+def _gen_demo() -> str:
+    demo, rows = _demo_rows()
+    table = _table(
+        ["algorithm", "format", "bits / value", "bytes sent per device (HLO)", "vs bf16 ring",
+         "relative error", "theory", "max error", "CPU time vs bf16 ring", "note"],
+        [[f"`{r['algorithm']}`", r["format"], f"{r['bits_per_element']:g}",
+          f"{r['bytes_sent']:,}", f"{r['byte_ratio']:.2f}x", _fmt_err(r, "rel_error"),
+          _fmt_err(r, "predicted_error"), _fmt_err(r, "max_error"), f"{r['time_ratio']:.2f}",
+          r["note"]] for r in rows])
+    FIGURES.setdefault("assets/results/demo.png", _demo_figure(rows, both=True))
+    return "\n".join([
+        _command("demo.json"), "",
+        f"{demo['devices']}; {demo['size']:,} bf16 values per device, N(0, 1), the same inputs "
+        "for every row.", "",
+        table, "",
+        "- *bytes sent per device*: read from the compiled HLO (equal to `eq.wire_bytes` except "
+        "where the note says otherwise: XLA:CPU runs a bf16 `psum` in f32, \"CPU: f32\"); "
+        "*vs bf16 ring*: how many times fewer bytes than the unquantized bf16 ring.",
+        "- *relative error*: ‖y − exact‖ / ‖exact‖ against the float64 sum of the inputs; "
+        "*theory*: `eq.predicted_relative_error` (bf16 rows are not quantized: their error is "
+        "bf16 rounding of the partial sums).",
+        "- *CPU time*: median wall time relative to the unquantized bf16 ring, on simulated "
+        "devices of one CPU, with no real links: it is not a TPU speed-up.", "",
+        "![Bytes against error, and CPU time, for every row above]"
+        "(assets/results/demo.png)", "",
+    ])
+
+
+def _demo_figure(rows: list[dict], both: bool) -> bytes:
+    if both:  # the package's own figure for these rows
+        from equarx_ref.benchmark import Row
+        from equarx_ref.viz import plot_comparison
+
+        return _png(plot_comparison([Row(**r) for r in rows]))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    markers = {"ring": "o", "bidir_ring": "^", "two_shot": "s", "one_shot": "v", "psum": "x"}
+    colors: dict = {}
+    for r in rows:
+        if r["algorithm"] == "bidir_ring":
+            continue  # same bytes and error as the ring
+        c = colors.setdefault(r["format"], f"C{len(colors)}")
+        ax.plot(1 / r["byte_ratio"], r["rel_error"], markers.get(r["algorithm"], "o"), color=c,
+                ms=8, label=f"{r['format']} {r['algorithm']}")
+    ax.set_xscale("log", base=2)
+    ticks = [t for t in (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8)]
+    ax.set_xticks(ticks, [f"1/{round(1 / t)}" if t < 1 else f"{t:g}" for t in ticks])
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes sent per device / bf16 ring")
+    ax.set_ylabel("relative error")
+    ax.set_title("bytes against error (lower left is better)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return _png(fig)
+
+
+@generator("headline")
+def _gen_headline() -> str:
+    demo, rows = _demo_rows()
+    by = {(r["algorithm"], r["format"]): r for r in rows}
+    keep = [k for k in [("ring", "bf16"), ("ring", "int8"), ("two_shot", "int8"),
+                        ("one_shot", "int8"), ("ring", "int4"), ("two_shot", "int4")] if k in by]
+    table = _table(
+        ["algorithm", "wire format", "bytes sent per device", "fewer bytes than bf16 ring",
+         "relative error", "theory"],
+        [[f"`{a}`", f, f"{by[a, f]['bytes_sent']:,}", f"{by[a, f]['byte_ratio']:.2f}x",
+          f"{by[a, f]['rel_error']:.2%}",
+          "–" if f == "bf16" else f"{by[a, f]['predicted_error']:.2%}"] for a, f in keep])
+    FIGURES.setdefault("assets/results/headline.png", _demo_figure(rows, both=False))
+    return "\n".join([
+        "## Headline numbers", "",
+        f"An AllReduce of {demo['size']:,} bf16 values per device on {demo['devices']}, every "
+        "algorithm on the same inputs (all rows and the CPU timings on the "
+        "[Results](results.md) page):", "",
+        table, "",
+        "![Bytes against error for every algorithm and format](assets/results/headline.png)",
+        "", f"*Generated from the output of `{COMMANDS['demo.json']}`.*", "",
+    ])
+
+
+def refresh(names: list[str]) -> None:
+    """Rerun the commands behind docs/data/*.json (all of them, or the files named)."""
+    import shlex
+    import subprocess
+
+    import shutil
+    import sys
+
+    for name in names or list(COMMANDS):
+        print(f"$ {COMMANDS[name]}", flush=True)
+        argv = shlex.split(COMMANDS[name])
+        local = Path(sys.executable).parent / argv[0]  # this environment's script first
+        argv[0] = str(local) if local.exists() else shutil.which(argv[0]) or argv[0]
+        subprocess.run(argv, cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["refresh"]:
+        raise SystemExit("usage: python docs/hooks.py refresh [demo.json ...]")
+    refresh(sys.argv[2:])

@@ -161,3 +161,14 @@ def test_notebook_page_renders_with_its_stored_figures(server, tmp_path):
     assert all(base64.b64decode("".join(s) if isinstance(s, list) else s) in norm
                for s in stored), "the page does not show every stored figure of the notebook"
     _not_blank(shot)
+
+
+def test_home_page_quick_start_runs():
+    """The quick start on the home page is real code: run it as written."""
+    text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "no python quick start on the home page"
+    proc = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "devices" in proc.stdout
