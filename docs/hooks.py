@@ -198,7 +198,8 @@ def _gen_wire_bytes() -> str:
 # Each data file is the verbatim output of one command, run from the repository root. The pages
 # print the command beside what it made; `python docs/hooks.py refresh [FILE...]` reruns them.
 COMMANDS = {
-    "demo.json": "equarx-ref demo --size 4096 --repeats 1 --json docs/data/demo.json",
+    "demo.json": "equarx-ref demo --json docs/data/demo.json",
+    "bench.json": "equarx-ref bench --json docs/data/bench.json",
 }
 
 
@@ -212,32 +213,33 @@ def _demo_rows() -> tuple[dict, list[dict]]:
 
 
 def _fmt_err(r: dict, key: str) -> str:
-    return "–" if (key == "predicted_error" and r["format"] == "bf16") else f"{r[key]:.2e}"
+    return "–" if (key == "predicted_error" and r["format"] == "bf16") else f"{r[key]:.2%}"
 
 
 @generator("demo")
 def _gen_demo() -> str:
     demo, rows = _demo_rows()
     table = _table(
-        ["algorithm", "format", "bits / value", "bytes sent per device (HLO)", "vs bf16 ring",
-         "relative error", "theory", "max error", "CPU time vs bf16 ring", "note"],
-        [[f"`{r['algorithm']}`", r["format"], f"{r['bits_per_element']:g}",
-          f"{r['bytes_sent']:,}", f"{r['byte_ratio']:.2f}x", _fmt_err(r, "rel_error"),
-          _fmt_err(r, "predicted_error"), _fmt_err(r, "max_error"), f"{r['time_ratio']:.2f}",
-          r["note"]] for r in rows])
+        ["algorithm", "format", "bits", "bytes / device (HLO)", "fewer bytes", "rel. error",
+         "theory", "CPU time"],
+        [[r["algorithm"], r["format"] + (f" ({r['note']})" if r["note"] else ""),
+          f"{r['bits_per_element']:g}", f"{r['bytes_sent']:,}", f"{r['byte_ratio']:.2f}x",
+          _fmt_err(r, "rel_error"), _fmt_err(r, "predicted_error"), f"{r['time_ratio']:.2f}"]
+         for r in rows])
     FIGURES.setdefault("assets/results/demo.png", _demo_figure(rows, both=True))
     return "\n".join([
         _command("demo.json"), "",
         f"{demo['devices']}; {demo['size']:,} bf16 values per device, N(0, 1), the same inputs "
         "for every row.", "",
         table, "",
-        "- *bytes sent per device*: read from the compiled HLO (equal to `eq.wire_bytes` except "
-        "where the note says otherwise: XLA:CPU runs a bf16 `psum` in f32, \"CPU: f32\"); "
-        "*vs bf16 ring*: how many times fewer bytes than the unquantized bf16 ring.",
-        "- *relative error*: ‖y − exact‖ / ‖exact‖ against the float64 sum of the inputs; "
+        "- *bits*: per value on the wire, scales included; *bytes / device*: what one device "
+        "sends, read from the compiled HLO (equal to `eq.wire_bytes`, except that XLA:CPU runs a "
+        "bf16 `psum` in f32: \"CPU: f32\"); *fewer bytes*: the unquantized bf16 ring's bytes "
+        "over these.",
+        "- *rel. error*: ‖y − exact‖ / ‖exact‖ against the float64 sum of the inputs; "
         "*theory*: `eq.predicted_relative_error` (bf16 rows are not quantized: their error is "
-        "bf16 rounding of the partial sums).",
-        "- *CPU time*: median wall time relative to the unquantized bf16 ring, on simulated "
+        "the bf16 rounding of the partial sums).",
+        "- *CPU time*: median wall time over the unquantized bf16 ring's, on simulated "
         "devices of one CPU, with no real links: it is not a TPU speed-up.", "",
         "![Bytes against error, and CPU time, for every row above]"
         "(assets/results/demo.png)", "",
@@ -265,7 +267,7 @@ def _demo_figure(rows: list[dict], both: bool) -> bytes:
         ax.plot(1 / r["byte_ratio"], r["rel_error"], markers.get(r["algorithm"], "o"), color=c,
                 ms=8, label=f"{r['format']} {r['algorithm']}")
     ax.set_xscale("log", base=2)
-    ticks = [t for t in (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8)]
+    ticks = [1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8]
     ax.set_xticks(ticks, [f"1/{round(1 / t)}" if t < 1 else f"{t:g}" for t in ticks])
     ax.set_yscale("log")
     ax.set_xlabel("bytes sent per device / bf16 ring")
@@ -284,7 +286,7 @@ def _gen_headline() -> str:
     table = _table(
         ["algorithm", "wire format", "bytes sent per device", "fewer bytes than bf16 ring",
          "relative error", "theory"],
-        [[f"`{a}`", f, f"{by[a, f]['bytes_sent']:,}", f"{by[a, f]['byte_ratio']:.2f}x",
+        [[a, f, f"{by[a, f]['bytes_sent']:,}", f"{by[a, f]['byte_ratio']:.2f}x",
           f"{by[a, f]['rel_error']:.2%}",
           "–" if f == "bf16" else f"{by[a, f]['predicted_error']:.2%}"] for a, f in keep])
     FIGURES.setdefault("assets/results/headline.png", _demo_figure(rows, both=False))
@@ -299,12 +301,28 @@ def _gen_headline() -> str:
     ])
 
 
+
+@generator("bench")
+def _gen_bench() -> str:
+    rows = _load("bench.json")
+    table = _table(
+        ["format", "array (MiB of f32)", "quantize + dequantize", "`x + 1` on the same array",
+         "ratio", "GiB/s"],
+        [[f"`{r['format']}`", r["mib"], f"{r['quantize_dequantize_s'] * 1e3:.1f} ms",
+          f"{r['elementwise_s'] * 1e3:.1f} ms", f"{r['ratio']:.2f}x", f"{r['gib_per_s']:.2f}"]
+         for r in rows])
+    return "\n".join([
+        _command("bench.json"), "", table, "",
+        "*CPU wall times (median of the repeats), the quantizer and a plain elementwise pass "
+        "measured side by side in the same run: the ratio is what the table is for, the "
+        "absolute times depend on the machine that ran it.*", ""])
+
+
 def refresh(names: list[str]) -> None:
     """Rerun the commands behind docs/data/*.json (all of them, or the files named)."""
     import shlex
-    import subprocess
-
     import shutil
+    import subprocess
     import sys
 
     for name in names or list(COMMANDS):
