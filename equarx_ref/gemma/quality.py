@@ -30,10 +30,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .parallel import forward_with_partials, shard_params
+from .parallel import forward, forward_with_partials, shard_params
 
 __all__ = ["ALGORITHMS", "FORMATS", "LossyAllReduce", "token_scores", "evaluate",
-           "format_table", "plot_report"]
+           "evaluate_text", "format_table", "plot_report"]
 
 ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
 FORMATS = ("bf16", "int8", "int4", "fp8_e4m3")
@@ -90,13 +90,39 @@ def token_scores(logits, ids):
     return nll, jnp.argmax(lg, axis=-1), logp
 
 
-@jax.jit
-def _compare(logits, ids, logp_exact):
-    lg = logits[0, :-1]
-    logp = jax.nn.log_softmax(lg, axis=-1)
-    nll = -jnp.take_along_axis(logp, ids[0, 1:, None], axis=1)[:, 0]
-    kl = jnp.sum(jnp.exp(logp_exact) * (logp_exact - logp), axis=-1)    # [S-1]
-    return nll, jnp.argmax(lg, axis=-1), kl
+@partial(jax.jit, static_argnames=("mesh", "with_kl"))
+def _sharded_scores(logits, ids, logp_exact, mesh, with_kl):
+    """NLL, top-1 and (optionally) KL from vocabulary-sharded logits, without gathering them.
+
+    Each device holds `[1, S, V/p]`; only per-token numbers cross devices (a max, a sum, the
+    target's logit, the argmax candidate), so the 1 GB of logits never moves.
+    """
+    axis = mesh.axis_names[0]
+    specs = (P(None, None, axis), P(), P(None, axis))
+
+    def body(lg, ids, lpe):
+        lg = lg[0, :-1]                                                  # [S-1, V/p]
+        vl = lg.shape[-1]
+        off = lax.axis_index(axis) * vl
+        top = lax.pmax(lg.max(-1), axis)                                 # [S-1]
+        lse = top + jnp.log(lax.psum(jnp.exp(lg - top[:, None]).sum(-1), axis))
+        logp = lg - lse[:, None]                                         # [S-1, V/p]
+        tgt = ids[0, 1:] - off
+        ok = (tgt >= 0) & (tgt < vl)
+        hit = jnp.take_along_axis(logp, jnp.clip(tgt, 0, vl - 1)[:, None], axis=1)[:, 0]
+        nll = -lax.psum(jnp.where(ok, hit, 0.0), axis)
+        cand = jnp.where(lg.max(-1) == top, jnp.argmax(lg, -1) + off, jnp.iinfo(jnp.int32).max)
+        top1 = lax.pmin(cand, axis)                                      # first global argmax
+        if with_kl:
+            kl = lax.psum(jnp.sum(jnp.exp(lpe) * (lpe - logp), axis=-1), axis)
+            return nll, top1, kl
+        return nll, top1, logp
+
+    out = (P(), P(), P() if with_kl else P(None, axis))
+    if not with_kl:
+        logp_exact = jnp.zeros((1, mesh.shape[axis]), jnp.float32)      # unused placeholder
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out,
+                         check_vma=True)(logits, ids, logp_exact)
 
 
 @partial(jax.jit, static_argnames=("mesh", "all_reduce"))
@@ -143,16 +169,18 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=FORMAT
     placed = shard_params(params, config, mesh)
     bar = _bar(len(runs) + 1, progress)
     bar.set_description("exact (psum f32)")
+    ids_dev = jax.device_put(ids, jax.sharding.NamedSharding(mesh, P()))
     logits, parts = forward_with_partials(placed, ids, config, mesh=mesh)
-    nll_e, top1_e, logp_e = token_scores(logits, jnp.asarray(ids))
+    nll_e, top1_e, logp_e = _sharded_scores(logits, ids_dev, None, mesh, False)
     del logits
     nll_e, top1_e = np.asarray(nll_e), np.asarray(top1_e)
     bar.update()
     rows = []
     for ar in runs:
         bar.set_description(ar.label)
-        logits, _ = forward_with_partials(placed, ids, config, mesh=mesh, all_reduce=ar)
-        nll, top1, kl = (np.asarray(a) for a in _compare(logits, jnp.asarray(ids), logp_e))
+        logits = forward(placed, ids, config, mesh=mesh, all_reduce=ar)
+        nll, top1, kl = (np.asarray(a) for a in _sharded_scores(logits, ids_dev, logp_e, mesh,
+                                                                 True))
         del logits
         err = {k: np.asarray(site_errors(v, mesh, ar)) for k, v in parts.items()}
         rows.append({
@@ -174,6 +202,33 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=FORMAT
                      "exact_ppl": float(math.exp(nll_e.mean())),
                      "seconds": round(time.time() - t0, 1)},
             "rows": rows}
+
+
+def evaluate_text(text: str | None = None, *, tp: int = 4, max_tokens: int | None = None,
+                  algorithms=ALGORITHMS, formats=FORMATS, progress=True) -> dict:
+    """`evaluate` on Gemma 3 270M's real weights over `text` (default: `EVAL_TEXT`), TP=`tp`.
+
+    Sets up `max(tp, 8)` devices (simulated CPU devices when there are no accelerators), loads
+    the packaged GGUF and its tokenizer, and keeps the first `max_tokens` tokens if given.
+    """
+    from ..devices import make_mesh, setup_devices
+    from .evaltext import EVAL_TEXT
+    from .tokenizer import Tokenizer
+    from .weights import load_gguf
+
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    devices = setup_devices(max(tp, 8))
+    config, params = load_gguf(progress=progress)
+    ids = Tokenizer.from_gguf().encode(EVAL_TEXT if text is None else text)
+    if max_tokens is not None:
+        if max_tokens < 2:
+            raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+        ids = ids[:max_tokens]
+    report = evaluate(params, config, ids, make_mesh(devices[:tp], ("tp",)),
+                      algorithms=algorithms, formats=formats, progress=progress)
+    report["meta"]["text"] = "equarx_ref.gemma.evaltext.EVAL_TEXT" if text is None else "custom"
+    return report
 
 
 def format_table(report: dict) -> str:
