@@ -247,3 +247,19 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_figures():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from equarx_ref.gemma.figures import draw_tp_layout, plot_allreduce_sizes
+    ax = draw_tp_layout(Gemma3Config.preset("270m"), 4)
+    texts = [t.get_text() for t in ax.texts]
+    assert "kv head 0 (copy)" in "\n".join(texts) and sum("AllReduce" in t for t in texts) == 2
+    with pytest.raises(ValueError, match="do not split"):
+        draw_tp_layout(Gemma3Config.preset("270m"), 8)
+    ax = plot_allreduce_sizes(2048)
+    assert len(ax.patches) == 15
+    plt.close("all")
