@@ -193,6 +193,19 @@ def _gen_wire_bytes() -> str:
             f"ring.*")
 
 
+
+@generator("error-model")
+def _gen_error_model() -> str:
+    """Concepts: predicted int8 error of every algorithm for several device counts."""
+    import equarx_ref as eq
+
+    fmt, ps = eq.Format.int8(), [2, 4, 8, 16, 64, 256]
+    rows = [[f"`{alg}`"] + [f"{eq.predicted_relative_error(fmt, alg, p):.2%}" for p in ps]
+            for alg in ("ring", "bidir_ring", "two_shot", "one_shot")]
+    return (_table(["algorithm"] + [f"p = {p}" for p in ps], rows)
+            + "\n\n*`eq.predicted_relative_error(eq.Format.int8(), algorithm, p)`, computed "
+            "when this site was built.*")
+
 # ---------------------------------------------------------------------------- command outputs
 
 # Each data file is the verbatim output of one command, run from the repository root. The pages
