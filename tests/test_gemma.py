@@ -1,7 +1,6 @@
 """Gemma 3 model: small random-weight models against a plain NumPy reference, tensor-parallel
 layouts, shapes of the real presets (jax.eval_shape, nothing allocated), and bad input."""
 
-import functools
 import subprocess
 import sys
 
@@ -13,10 +12,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
+from conftest import DEVICES
 from equarx_ref import gemma
 from equarx_ref.gemma import Gemma3Config, forward
-
-from conftest import DEVICES
 
 SMALL = Gemma3Config(name="small", vocab_size=512, embed_dim=64, num_layers=6, num_heads=4,
                      num_kv_heads=1, head_dim=16, hidden_dim=128, sliding_window=8,
@@ -57,7 +55,7 @@ def np_reference(params, tokens, c):
         freq = base ** (-np.arange(half) * 2 / c.head_dim) / scale
         ang = np.arange(S)[:, None] * freq[None]                                # [S, H/2]
 
-        def rope(v):                                                           # [S, H]
+        def rope(v, half=half, ang=ang):                                       # [S, H]
             a, b = v[:, :half], v[:, half:]
             cos, sin = np.cos(ang), np.sin(ang)
             return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
@@ -209,7 +207,7 @@ def test_bad_input_is_refused(small):
     with pytest.raises(ValueError, match="all_reduce needs a mesh"):
         forward(params, tokens, SMALL, all_reduce=lambda x, a: x)
     bad = dict(params, layers=dict(params["layers"], q=params["layers"]["q"][:, :, :2]))
-    with pytest.raises(ValueError, match="layers.q: expected"):
+    with pytest.raises(ValueError, match=r"layers\.q: expected"):
         forward(bad, tokens, SMALL)
     with pytest.raises(ValueError, match="must have keys"):
         forward({"embed": params["embed"]}, tokens, SMALL)

@@ -9,10 +9,9 @@ import pytest
 from jax import lax
 
 import equarx_ref as eq
+from conftest import DEVICES
 from equarx_ref.cli import main
 from equarx_ref.gemma.quality import LossyAllReduce, format_table, plot_report, site_errors
-
-from conftest import DEVICES
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def test_site_errors_are_zero_for_exact_psum():
 
 
 def test_lossy_all_reduce_validation():
-    with pytest.raises(ValueError, match="psum is lax.psum"):
+    with pytest.raises(ValueError, match=r"psum is lax\.psum"):
         LossyAllReduce("psum", "int8")
     with pytest.raises(ValueError, match="unknown algorithm"):
         LossyAllReduce("tree", "int8")

@@ -9,16 +9,14 @@ token ids of `EVAL_TEXT` and of a few awkward strings, and per-token NLL and top
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
 import equarx_ref as eq
+from conftest import DEVICES
 from equarx_ref.gemma import Gemma3Config, Tokenizer, forward, load_gguf, shard_params
 from equarx_ref.gemma.evaltext import EVAL_TEXT
 from equarx_ref.gemma.quality import token_scores
-
-from conftest import DEVICES
 
 REF = json.loads((Path(__file__).parent / "fixtures/gemma/hf_reference.json").read_text())
 
@@ -87,7 +85,7 @@ def test_tokenizer_short_sentence(tokenizer):
 def test_tokenizer_matches_transformers_on_whole_text(tokenizer):
     ids = tokenizer.encode(EVAL_TEXT)
     assert len(ids) == len(REF["ids"]) >= 1024
-    first = next((i for i, (a, b) in enumerate(zip(ids, REF["ids"])) if a != b), None)
+    first = next((i for i, (a, b) in enumerate(zip(ids, REF["ids"], strict=True)) if a != b), None)
     assert first is None, (f"first differing id at {first}: {ids[first - 2:first + 3]} vs "
                            f"{REF['ids'][first - 2:first + 3]}")
     assert tokenizer.decode(ids) == EVAL_TEXT

@@ -12,5 +12,12 @@ from .parallel import ShardedParams, forward, shard_params
 from .tokenizer import Tokenizer
 from .weights import load_gguf
 
-__all__ = ["Gemma3Config", "PRESETS", "forward", "shard_params", "ShardedParams", "load_gguf",
-           "Tokenizer"]
+__all__ = [
+           "PRESETS",
+           "Gemma3Config",
+           "ShardedParams",
+           "Tokenizer",
+           "forward",
+           "load_gguf",
+           "shard_params",
+]

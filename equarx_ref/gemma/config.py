@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["Gemma3Config", "PRESETS"]
+__all__ = ["PRESETS", "Gemma3Config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Gemma3Config:
 
     # --- presets -------------------------------------------------------------------------------
     @classmethod
-    def preset(cls, name: str) -> "Gemma3Config":
+    def preset(cls, name: str) -> Gemma3Config:
         """The published configuration `name` in {"270m", "1b", "4b", "12b", "27b"}."""
         key = str(name).lower().removeprefix("gemma3-").removeprefix("gemma-3-")
         if key not in PRESETS:
@@ -83,27 +83,27 @@ class Gemma3Config:
         return PRESETS[key]
 
     @classmethod
-    def gemma3_270m(cls) -> "Gemma3Config":
+    def gemma3_270m(cls) -> Gemma3Config:
         """Gemma 3 270M (the model whose weights ship offline)."""
         return PRESETS["270m"]
 
     @classmethod
-    def gemma3_1b(cls) -> "Gemma3Config":
+    def gemma3_1b(cls) -> Gemma3Config:
         """Gemma 3 1B."""
         return PRESETS["1b"]
 
     @classmethod
-    def gemma3_4b(cls) -> "Gemma3Config":
+    def gemma3_4b(cls) -> Gemma3Config:
         """Gemma 3 4B (text decoder)."""
         return PRESETS["4b"]
 
     @classmethod
-    def gemma3_12b(cls) -> "Gemma3Config":
+    def gemma3_12b(cls) -> Gemma3Config:
         """Gemma 3 12B (text decoder)."""
         return PRESETS["12b"]
 
     @classmethod
-    def gemma3_27b(cls) -> "Gemma3Config":
+    def gemma3_27b(cls) -> Gemma3Config:
         """Gemma 3 27B (text decoder)."""
         return PRESETS["27b"]
 

@@ -21,7 +21,7 @@ serves all `L` layers.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,7 @@ from jax import lax
 
 from .config import Gemma3Config
 
-__all__ = ["rms_norm", "rope_tables", "apply_rope", "attention", "mlp", "decoder"]
+__all__ = ["apply_rope", "attention", "decoder", "mlp", "rms_norm", "rope_tables"]
 
 f32 = jnp.float32
 

@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .config import Gemma3Config
 from .model import decoder, rms_norm
 
-__all__ = ["forward", "shard_params", "ShardedParams", "check_params", "tp_size_error"]
+__all__ = ["ShardedParams", "check_params", "forward", "shard_params", "tp_size_error"]
 
 AllReduce = Callable[[jax.Array, str], jax.Array]
 
@@ -49,8 +51,9 @@ class ShardedParams(NamedTuple):
 def check_params(params: dict, config: Gemma3Config) -> None:
     """Raise ValueError unless `params` has exactly the names and shapes `config` implies."""
     want = config.param_shapes()
+    layers = params.get("layers") if isinstance(params, dict) else None
     if not isinstance(params, dict) or set(params) != set(want) or \
-            not isinstance(params.get("layers"), dict) or set(params["layers"]) != set(want["layers"]):
+            not isinstance(layers, dict) or set(layers) != set(want["layers"]):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(f"Gemma 3 params must have keys {sorted(want)} with layers "
                          f"{sorted(want['layers'])}; got {got}")

@@ -32,8 +32,16 @@ from jax.sharding import PartitionSpec as P
 
 from .parallel import forward, forward_with_partials, shard_params
 
-__all__ = ["ALGORITHMS", "FORMATS", "LossyAllReduce", "token_scores", "evaluate",
-           "evaluate_text", "format_table", "plot_report"]
+__all__ = [
+    "ALGORITHMS",
+    "FORMATS",
+    "LossyAllReduce",
+    "evaluate",
+    "evaluate_text",
+    "format_table",
+    "plot_report",
+    "token_scores",
+]
 
 ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
 FORMATS = ("bf16", "int8", "int4", "fp8_e4m3")
@@ -274,7 +282,7 @@ def plot_report(report: dict, path=None):
     ax[1].set_xlabel("top-1 agreement with exact run (%)")
     ax[1].invert_yaxis()
     ax[1].set_yticklabels([])
-    for r, col in zip(rows, c):
+    for r, col in zip(rows, c, strict=True):
         ax[2].semilogy(r["site_err_mlp"], color=col, alpha=0.6,
                        label=r["format"] if r["algorithm"] == "ring" else None)
     ax[2].set_xlabel("layer")

@@ -49,10 +49,11 @@ def _build(tokens: list[str], token_types: list[int], unk: str):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                      decoders.Fuse()])
     control = [AddedToken(t, normalized=False, special=True)
-               for t, k in zip(spelled, token_types) if k == _CONTROL]
+               for t, k in zip(spelled, token_types, strict=True) if k == _CONTROL]
     tok.add_special_tokens(control)
     user = [AddedToken(t, normalized=False, special=False)
-            for t, k in zip(spelled, token_types) if k == _USER_DEFINED and t in vocab]
+            for t, k in zip(spelled, token_types, strict=True)
+            if k == _USER_DEFINED and t in vocab]
     tok.add_tokens(user)
     return tok
 
@@ -74,7 +75,7 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @classmethod
-    def from_gguf(cls, path: str | Path | None = None, *, cache: bool = True) -> "Tokenizer":
+    def from_gguf(cls, path: str | Path | None = None, *, cache: bool = True) -> Tokenizer:
         """Build the tokenizer from a Gemma 3 GGUF's vocabulary (default: the packaged 270M).
 
         Raises:
@@ -128,7 +129,7 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_id] + ids if add_bos else ids
+        return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids, skip_special: bool = True) -> str:
         """Text of `ids` (special tokens such as BOS dropped unless `skip_special=False`)."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import PRESETS, Gemma3Config
 
-__all__ = ["load_gguf", "default_gguf_path", "cache_dir", "sha256_file"]
+__all__ = ["cache_dir", "default_gguf_path", "load_gguf", "sha256_file"]
 
 _LAYER_NAMES = {  # GGUF tensor -> (our name, how to reshape)
     "attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v",
