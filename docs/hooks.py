@@ -213,6 +213,7 @@ def _gen_error_model() -> str:
 COMMANDS = {
     "demo.json": "equarx-ref demo --json docs/data/demo.json",
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
+    "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
 }
 
 
@@ -330,6 +331,60 @@ def _gen_bench() -> str:
         "measured side by side in the same run: the ratio is what the table is for, the "
         "absolute times depend on the machine that ran it.*", ""])
 
+
+
+def _gemma_table(report: dict, keep=None) -> str:
+    rows = [r for r in report["rows"] if keep is None or (r["algorithm"], r["format"]) in keep]
+    return _table(
+        ["algorithm", "format", "NLL", "perplexity", "ΔNLL (nats / token)", "KL mean",
+         "top-1 agreement", "AllReduce error (attn / mlp)"],
+        [[r["algorithm"], r["label"].split(" ", 1)[1], f"{r['mean_nll']:.4f}", f"{r['ppl']:.2f}",
+          f"{r['dnll']:+.4f}", f"{r['kl_mean']:.1e}", f"{r['top1']:.1f}%",
+          f"{r['site_err_attn_mean']:.2%} / {r['site_err_mlp_mean']:.2%}"] for r in rows])
+
+
+def _gemma_setting(m: dict) -> str:
+    return (f"{m['model']}, real weights, float32, tensor parallel over {m['tp']} devices, "
+            f"{m['scored']:,} scored tokens of `{m['text']}`. The exact run (f32 `psum`) has a "
+            f"mean NLL of {m['exact_mean_nll']:.4f} nats per token (perplexity "
+            f"{m['exact_ppl']:.2f}); every other run is compared with it token by token.")
+
+
+@generator("gemma")
+def _gen_gemma() -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from equarx_ref.gemma.quality import plot_report
+
+    report = _load("gemma.json")
+    FIGURES.setdefault("assets/results/gemma.png", _png(plot_report(report)))
+    return "\n".join([
+        _command("gemma.json"), "", _gemma_setting(report["meta"]), "",
+        _gemma_table(report), "",
+        "- *ΔNLL*: mean negative log-likelihood minus the exact run's; *KL mean*: mean KL "
+        "divergence of the next-token distributions from the exact run's; *top-1 agreement*: "
+        "how often the most likely next token is the exact run's (it flips where the top two "
+        "are close: compare with the bf16 rows, the noise floor).",
+        "- *AllReduce error*: ‖AllReduce(partial sums) − exact sum‖ / ‖exact sum‖ at the "
+        "attention and MLP AllReduce sites, on the exact run's partial sums, mean over layers.",
+        "- The bf16 `psum` runs in f32 on XLA:CPU (\"CPU: f32\").", "",
+        "![dNLL, top-1 agreement and AllReduce error per layer for every run]"
+        "(assets/results/gemma.png)", ""])
+
+
+@generator("gemma-headline")
+def _gen_gemma_headline() -> str:
+    report = _load("gemma.json")
+    keep = {("ring", "bf16"), ("ring", "int8"), ("two_shot", "int8"), ("one_shot", "int8"),
+            ("ring", "int4")}
+    m = report["meta"]
+    return "\n".join([
+        f"And on a real model: {m['model']} with its two AllReduces per layer replaced, tensor "
+        f"parallel over {m['tp']} devices, {m['scored']:,} tokens scored against the exact run "
+        f"(all rows on the [Results](results.md) page):", "",
+        _gemma_table(report, keep), "",
+        f"*Generated from the output of `{COMMANDS['gemma.json']}`.*", ""])
 
 def refresh(names: list[str]) -> None:
     """Rerun the commands behind docs/data/*.json (all of them, or the files named)."""
