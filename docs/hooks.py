@@ -63,7 +63,18 @@ def _modules() -> list[tuple[str, str]]:
     return mods
 
 
+def repo_url() -> str:
+    """pyproject's `[project.urls] Repository`: the one place the repository URL lives."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
+
+
 def on_config(config):
+    url = repo_url()
+    config["repo_url"] = url
+    config["repo_name"] = url.removeprefix("https://github.com/")
     nav = config["nav"]
     for i, entry in enumerate(nav):
         (key, _), = entry.items()
@@ -205,6 +216,12 @@ def _gen_error_model() -> str:
     return (_table(["algorithm"] + [f"p = {p}" for p in ps], rows)
             + "\n\n*`eq.predicted_relative_error(eq.Format.int8(), algorithm, p)`, computed "
             "when this site was built.*")
+
+
+@generator("install")
+def _gen_install() -> str:
+    return f'```bash\npip install "equarx-ref @ git+{repo_url()}"\n```'
+
 
 # ---------------------------------------------------------------------------- command outputs
 

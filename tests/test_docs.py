@@ -176,3 +176,15 @@ def test_home_page_quick_start_runs():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "devices" in proc.stdout
+
+
+def test_repository_url_comes_from_pyproject(site):
+    """The site's repository link and install line are made from pyproject's URL, not typed."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        url = tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
+    for path in [ROOT / "mkdocs.yml", *(ROOT / "docs").glob("*.md")]:
+        assert url not in path.read_text(encoding="utf-8"), f"{path} types the repository URL"
+    home = _page(site, "")
+    assert f'href="{url}"' in home and f"git+{url}" in home
