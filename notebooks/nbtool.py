@@ -200,6 +200,8 @@ def problems(path: Path, url: str | None = None) -> list[str]:
             out.append(f"cell {i}: volatile cell metadata {sorted(c['metadata'])}")
         if c["cell_type"] != "code":
             continue
+        if _src(c).lstrip().startswith("# NBVAL_SKIP"):
+            out.append(f"cell {i}: # NBVAL_SKIP (every cell runs under nbval; none is skipped)")
         if c.get("execution_count") is None:
             out.append(f"cell {i}: not executed (execution_count is null)")
         for o in c.get("outputs", []):
