@@ -218,6 +218,30 @@ def _gen_error_model() -> str:
             "when this site was built.*")
 
 
+
+@generator("schedules")
+def _gen_schedules() -> str:
+    """Concepts: the schedules drawn by the package's own figure code."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import equarx_ref as eq
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), gridspec_kw={"width_ratios": [4, 4.5, 2.4]})
+    for ax, sched in zip(axes, (eq.ring_schedule(4), eq.bidir_ring_schedule(4),
+                                eq.two_shot_schedule(4)), strict=True):
+        eq.viz.draw_schedule(sched, ax=ax)
+    fig.tight_layout()
+    FIGURES.setdefault("assets/concepts/schedules.png", _png(fig))
+    return ("![Ring, bidirectional ring and two-shot schedules on 4 devices]"
+            "(assets/concepts/schedules.png)\n\n*Drawn by `eq.viz.draw_schedule` from "
+            "`eq.ring_schedule(4)`, `eq.bidir_ring_schedule(4)` and `eq.two_shot_schedule(4)`: "
+            "one row per device, one column per step, each cell what that device sends then "
+            "(\"c3 → 1\": its copy of chunk 3, to device 1; \"→ 3\" in a collective: to 3 "
+            "devices).*")
+
 @generator("install")
 def _gen_install() -> str:
     return f'```bash\npip install "equarx-ref @ git+{repo_url()}"\n```'
