@@ -261,3 +261,17 @@ def test_figures():
     ax = plot_allreduce_sizes(2048)
     assert len(ax.patches) == 15
     plt.close("all")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+def test_quantized_all_reduce_in_the_model(small, algorithm):
+    import functools
+    params, tokens, logits = small
+    ar = functools.partial(eq.all_reduce, fmt=eq.Format.int8(), algorithm=algorithm)
+    out = np.asarray(forward(params, tokens, SMALL, mesh=mesh_of(4), all_reduce=ar))
+    exact = jax.nn.softmax(logits, -1)
+    tv = 0.5 * np.abs(jax.nn.softmax(out, -1) - exact).sum(-1)     # total variation per token
+    assert 0 < tv.max() < 0.1, tv.max()
+    exact_bf16 = functools.partial(eq.all_reduce, fmt=None, algorithm=algorithm)
+    same = np.asarray(forward(params, tokens, SMALL, mesh=mesh_of(4), all_reduce=exact_bf16))
+    np.testing.assert_allclose(same, logits, atol=1e-4)   # fmt=None on f32: exact schedule
