@@ -112,7 +112,7 @@ def server(site):
         proc.wait(timeout=10)
 
 
-def _browse(url: str, tmp: Path, name: str, height: int) -> tuple[str, Path]:
+def _browse(url: str, tmp: Path, name: str, height: int, capsys) -> tuple[str, Path]:
     exe = _chromium()
     shot = tmp / f"{name}.png"
     common = [exe, *CHROMIUM_FLAGS, "--virtual-time-budget=4000",
@@ -128,7 +128,8 @@ def _browse(url: str, tmp: Path, name: str, height: int) -> tuple[str, Path]:
         capture_output=True, text=True, timeout=90,
     )
     assert shot_run.returncode == 0 and shot.is_file(), shot_run.stderr[-3000:]
-    print(f"screenshot of {url}: {shot}")
+    with capsys.disabled():  # shown even when pytest captures output
+        print(f"\n  screenshot of {url}: {shot}")
     return dom.stdout, shot
 
 
@@ -141,8 +142,8 @@ def _not_blank(png: Path) -> None:
     assert max(ImageStat.Stat(img).stddev) > 20, f"{png}: no contrast, blank page?"
 
 
-def test_home_page_renders_with_its_figure(server, tmp_path):
-    dom, shot = _browse(server, tmp_path, "home", 1800)
+def test_home_page_renders_with_its_figure(server, tmp_path, capsys):
+    dom, shot = _browse(server, tmp_path, "home", 1800, capsys)
     assert "equarx-ref" in dom and 'class="md-content"' in dom
     imgs = re.findall(r'<img[^>]+src="([^"]+\.png)"', dom)
     assert imgs, "the home page shows no figure"
@@ -152,13 +153,13 @@ def test_home_page_renders_with_its_figure(server, tmp_path):
     _not_blank(shot)
 
 
-def test_notebook_page_renders_with_its_stored_figures(server, tmp_path):
+def test_notebook_page_renders_with_its_stored_figures(server, tmp_path, capsys):
     nb = NOTEBOOKS[0]
     stored = [o["data"]["image/png"] for c in json.loads(nb.read_text())["cells"]
               if c["cell_type"] == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert stored, f"{nb.name} stores no figure"
-    dom, shot = _browse(server + f"notebooks/{nb.stem}/", tmp_path, nb.stem, 3000)
+    dom, shot = _browse(server + f"notebooks/{nb.stem}/", tmp_path, nb.stem, 3000, capsys)
     shown = re.findall(r'src="data:image/png;base64,([^"]+)"', dom)
     assert shown, "no figure in the notebook page"
     norm = {base64.b64decode(s) for s in shown}
