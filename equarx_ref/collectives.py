@@ -67,7 +67,6 @@ __all__ = [
 
 ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
 _RING_FAMILY = ("ring", "bidir_ring")
-_DEFAULT = Format.int8()
 
 
 # ---- what travels: one uint8 buffer per message ----------------------------------------------
@@ -201,7 +200,7 @@ def _check(x, fmt, algorithm, num_chunks) -> None:
                         "quantized sums of integers are not defined here (cast to float first)")
 
 
-def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = _DEFAULT,
+def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
                algorithm: str = "ring", num_chunks: int = 1) -> jax.Array:
     """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`.
 
@@ -213,8 +212,8 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = _DEFAULT,
         num_chunks: pipeline depth for the ring family; the result does not depend on it.
 
     Returns:
-        The sum, shape and dtype of `x`, bitwise identical on every device, typed invariant
-        over `axis_name` (works with `out_specs=P()` under `check_vma=True`).
+        The sum, with the shape and dtype of `x`: bitwise identical on every device and typed
+            invariant over `axis_name`, so `out_specs=P()` works under `check_vma=True`.
 
     Raises:
         TypeError: `x` is not floating point, or `fmt` is not a Format.
