@@ -260,10 +260,8 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
         return 2 * (total - 1) * n * jnp.dtype(dtype).itemsize // total
     sched = make_schedule(algorithm, shape)
     codec = _Codec(fmt, dtype)
-    length, pieces = _layout(n, sched, codec.align, num_chunks)
+    _, pieces = _layout(n, sched, codec.align, num_chunks)
     per_chunk = sum(codec.nbytes(size) for _, size in pieces)
-    if algorithm == "one_shot":
-        per_chunk = codec.nbytes(length)
     return sched.chunks_sent(0) * per_chunk
 
 

@@ -114,8 +114,8 @@ def _round_up(s: jax.Array, dtype) -> jax.Array:
     return jnp.where(r.astype(jnp.float32) < s, jnp.nextafter(r, jnp.asarray(jnp.inf, dtype)), r)
 
 
-def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-block (stored scale, scale as f32, multiplier x -> element units)."""
+def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array]:
+    """Per-block (stored scale, multiplier taking x to element units)."""
     finite = jnp.isfinite(amax)
     if fmt.scale_dtype == "e8m0":
         # k = ceil(log2(amax / elem_max)), exactly: amax in [2^(e-1), 2^e) and
@@ -127,17 +127,11 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
         k = jnp.where(amax > 0, jnp.clip(k, -_E8M0_BIAS, 126), -_E8M0_BIAS)
         code = jnp.where(finite, k + _E8M0_BIAS, 255).astype(jnp.uint8)  # 255 is E8M0's NaN
         inv = jnp.where(finite, _pow2(jnp.clip(-k, -126, 127)), jnp.nan)
-        return code, _e8m0_value(code), inv
+        return code, inv
     dtype = jnp.dtype(fmt.scale_dtype)
     stored = _round_up(amax / fmt.elem_max, dtype)  # NaN/inf amax gives a NaN/inf scale
     s = stored.astype(jnp.float32)
-    return stored, s, jnp.where(s > 0, 1.0 / s, 0.0)
-
-
-def _e8m0_value(code: jax.Array) -> jax.Array:
-    k = code.astype(jnp.int32) - _E8M0_BIAS
-    value = _pow2(jnp.clip(k, -126, 127))  # the caller splits 2^-127 (see _apply_scale)
-    return jnp.where(code == 255, jnp.nan, value)
+    return stored, jnp.where(s > 0, 1.0 / s, 0.0)
 
 
 def _apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
@@ -219,7 +213,7 @@ def _blocks(x: jax.Array, fmt: Format) -> jax.Array:
 def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:
     """[..., blocks, B] f32 -> (payload uint8 [..., blocks, PB], stored scales [..., blocks])."""
     amax = jnp.max(jnp.abs(xb), axis=-1)  # NaN if the block has a NaN
-    stored, _, inv = _scales(amax, fmt)
+    stored, inv = _scales(amax, fmt)
     v = xb * inv[..., None]
     v = jnp.where(jnp.isfinite(v), v, 0.0)  # a non-finite block is carried by its scale alone
     return _encode_elements(_round_to_grid(v, fmt, key), fmt), stored
