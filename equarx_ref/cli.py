@@ -122,8 +122,6 @@ def _add_gemma(sub) -> None:
 
 
 def _cmd_gemma(args) -> int:
-    import json
-
     from .gemma import quality
 
     report = quality.evaluate_text(None if args.text is None else args.text.read(), tp=args.tp,
@@ -131,11 +129,8 @@ def _cmd_gemma(args) -> int:
                                    formats=args.formats, progress=not args.no_progress)
     table = quality.format_table(report)
     print(table, file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json == "-":
-        print(json.dumps(report, indent=1))
-    elif args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    if args.json:
+        _write_json(args.json, report)
     if args.plot:
         quality.plot_report(report, args.plot)
     return 0

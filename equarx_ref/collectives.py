@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import re
 
 import jax
@@ -114,6 +115,14 @@ def _table(values) -> jax.Array:
     return jnp.asarray(values, jnp.int32)
 
 
+def _rank_order_sum(parts: jax.Array) -> jax.Array:
+    """parts[0] + parts[1] + ... in rank order: the same additions on every device."""
+    total = parts[0]
+    for r in range(1, parts.shape[0]):
+        total = total + parts[r]
+    return total
+
+
 def _reduce_phase(sched: Schedule, acc: jax.Array, codec: _Codec, axes, me) -> jax.Array:
     """Run the reduce steps on acc [chunks, m]: afterwards each owner holds its chunks' sums."""
     p, m = sched.p, acc.shape[1]
@@ -132,10 +141,10 @@ def _reduce_phase(sched: Schedule, acc: jax.Array, codec: _Codec, axes, me) -> j
             acc = lax.dynamic_update_slice_in_dim(acc, got + mine, recv, axis=0)
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c
             got = codec.decode(lax.all_to_all(codec.encode(acc), group, 0, 0), m)
-            total = got[0]
-            for r in range(1, p):  # rank order: the same additions on every device
-                total = total + got[r]
-            acc = lax.dynamic_update_slice_in_dim(acc, total[None], me, axis=0)
+            acc = lax.dynamic_update_slice_in_dim(acc, _rank_order_sum(got)[None], me, axis=0)
+        elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
+            got = lax.all_gather(codec.encode(acc), axes[step.axis], axis=0, to="invarying")
+            acc = _rank_order_sum(codec.decode(got, m))  # [chunks, m]: the same on every device
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
     return acc
@@ -155,31 +164,24 @@ def _gather_phase(sched: Schedule, acc: jax.Array, codec: _Codec, axes, me) -> j
     return jnp.take(values, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
 
 
-def _one_shot(acc: jax.Array, codec: _Codec, axis) -> jax.Array:
-    """Gather every device's encoded vector; every device decodes and sums in rank order."""
-    m = acc.shape[1]
-    got = codec.decode(lax.all_gather(codec.encode(acc[0]), axis, axis=0, to="invarying"), m)
-    total = got[0]
-    for r in range(1, got.shape[0]):
-        total = total + got[r]
-    return total[None]
-
-
 # ---- the public collective -----------------------------------------------------------------
 
 
 def _axes(axis_name) -> tuple[str, ...]:
+    """The axis, or the pair of axes in mesh order (ppermute numbers devices in mesh order)."""
     axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    if not axes or len(axes) > 2 or not all(isinstance(a, str) for a in axes):
-        raise ValueError(f"axis_name must be a mesh axis name or a pair of them, got {axis_name!r}")
+    if not axes or len(axes) > 2 or not all(isinstance(a, str) for a in axes) or \
+            len(set(axes)) != len(axes):
+        raise ValueError(f"axis_name must be a mesh axis name or a pair of distinct ones, "
+                         f"got {axis_name!r}")
+    names = tuple(jax.sharding.get_abstract_mesh().axis_names)
     for a in axes:
         try:
             lax.axis_size(a)
-        except NameError:
-            names = jax.sharding.get_abstract_mesh().axis_names
+        except (NameError, KeyError, ValueError):
             raise ValueError(f"unknown mesh axis {a!r}; all_reduce runs inside jax.shard_map "
                              f"over one of the mesh axes {names}") from None
-    return axes
+    return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
 def _check(x, fmt, algorithm, num_chunks) -> None:
@@ -229,14 +231,12 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     length, pieces = _layout(n, sched, codec.align, num_chunks)
     flat = jnp.pad(x.reshape(-1).astype(codec.acc), (0, sched.num_chunks * length - n))
     chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
-    if algorithm == "one_shot":
-        return _one_shot(chunks, codec, axes[0]).reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
+    gathers = any(step.phase == "gather" for step in sched.steps)
     parts = []
     for start, size in pieces:  # independent pieces: the compiler may overlap their hops
-        piece = chunks[:, start:start + size]
-        piece = _reduce_phase(sched, piece, codec, axes, me)
-        parts.append(_gather_phase(sched, piece, codec, axes, me))
+        piece = _reduce_phase(sched, chunks[:, start:start + size], codec, axes, me)
+        parts.append(_gather_phase(sched, piece, codec, axes, me) if gathers else piece)
     out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
 
@@ -254,7 +254,9 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     psum to f32 in practice; on TPU it sends bf16).
     """
     _check(jnp.zeros((), dtype), fmt, algorithm, num_chunks)
-    shape = (p,) if isinstance(p, int) else tuple(p)
+    shape = _device_shape(p)
+    if operator.index(n) < 0:
+        raise ValueError(f"n must be a non-negative number of values, got {n}")
     if algorithm == "psum":
         total = math.prod(shape)
         return 2 * (total - 1) * n * jnp.dtype(dtype).itemsize // total
@@ -265,9 +267,18 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     return sched.chunks_sent(0) * per_chunk
 
 
+def _device_shape(p) -> tuple[int, ...]:
+    """`p` devices, or a (p1, p2) torus, as a shape of positive integers."""
+    shape = tuple(p) if isinstance(p, (tuple, list)) else (p,)
+    shape = tuple(operator.index(q) for q in shape)
+    if not 1 <= len(shape) <= 2 or min(shape) < 1:
+        raise ValueError(f"p must be a positive device count or a pair of them, got {p!r}")
+    return shape
+
+
 def quantized_sizes(algorithm: str, p) -> list[int]:
     """Sizes (inputs summed) of every quantized partial sum one output value went through."""
-    shape = (p,) if isinstance(p, int) else tuple(p)
+    shape = _device_shape(p)
     total = math.prod(shape)
     if algorithm in _RING_FAMILY:
         sizes, done = [], 1
@@ -289,7 +300,7 @@ def predicted_relative_error(fmt: Format | None, algorithm: str, p) -> float:
     """
     if fmt is None or algorithm == "psum":
         return 0.0
-    total = math.prod((p,) if isinstance(p, int) else p)
+    total = math.prod(_device_shape(p))
     c = gaussian_relative_error(fmt)
     return c * math.sqrt(sum(quantized_sizes(algorithm, p)) / total)
 
@@ -297,7 +308,7 @@ def predicted_relative_error(fmt: Format | None, algorithm: str, p) -> float:
 # ---- bytes, read back from the compiled program ----------------------------------------------
 
 _HLO_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(collective-permute|all-to-all|all-gather|all-reduce)"
-                     r"(?:-start)?\(")
+                     r"(-start)?\(")
 _HLO_SHAPE = re.compile(r"(pred|[a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s4": 1, "u4": 1, "bf16": 2, "f16": 2, "s16": 2,
               "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
@@ -317,6 +328,9 @@ def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
     collective-permute: its operand; all-to-all: (g-1)/g of it; all-gather: (g-1) shards of
     its result; all-reduce: 2 (g-1)/g of its operand (a ring model). g: the replica group size
     (`p` if the op names none). Element bytes come from the HLO types (f8 = 1, bf16 = 2...).
+    Asynchronous forms (`*-start`, as on TPU and GPU) return a tuple (operands, results,
+    scalar contexts): the operand half counts for collective-permute, the result half for
+    all-gather. A collective inside a loop body is counted once, not once per trip.
     """
     out: dict[str, float] = {}
     for line in hlo_text.splitlines():
@@ -324,10 +338,14 @@ def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
         if not m:
             continue
         shapes, kind = m.group(1), m.group(2)
-        size = 0
-        for dt, dims in _HLO_SHAPE.findall(shapes):
-            elems = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-            size += elems * _HLO_BYTES.get(dt, 1 if dt.startswith("f8") else 4)
+        found = _HLO_SHAPE.findall(shapes)
+        if m.group(3) and shapes.startswith("(") and kind != "all-reduce":
+            found = [(dt, dims) for dt, dims in found if dims]  # drop scalar contexts
+            half = len(found) // 2  # (operands..., results...)
+            found = found[half:] if kind == "all-gather" else found[:half]
+        sizes = [_HLO_BYTES.get(dt, 1 if dt.startswith("f8") else 4)
+                 * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in found]
+        size = sum(sizes)
         g = _group_size(line, p)
         sent = {"collective-permute": size, "all-to-all": size * (g - 1) / g,
                 "all-gather": size * (g - 1) / g, "all-reduce": 2 * size * (g - 1) / g}[kind]

@@ -85,17 +85,19 @@ class Format:
 
     def __post_init__(self):
         object.__setattr__(self, "scale_dtype", _scale_name(self.scale_dtype))
-        if self.element != "int" and self.element not in _FLOAT_ELEMENTS:
-            raise ValueError(f"unknown element type {self.element!r}")
-        if self.elem_bits not in (4, 8):
-            raise ValueError(f"elem_bits must be 4 or 8, got {self.elem_bits}")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
+        widths = {"int": (4, 8), **{e: (1 + sum(_FLOAT_ELEMENTS[e][:2]),) for e in
+                                    _FLOAT_ELEMENTS}}
+        if self.element not in widths:
+            raise ValueError(f"unknown element type {self.element!r}; choose one of "
+                             f"{sorted(widths)}")
+        if self.elem_bits not in widths[self.element]:
+            raise ValueError(f"{self.element} elements are {widths[self.element]} bits wide, "
+                             f"got elem_bits={self.elem_bits!r}")
+        if type(self.block_size) is not int or self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
         if self.elem_bits == 4 and self.block_size % 2:
             raise ValueError(f"4-bit formats pack two values a byte: block_size must be even, "
                              f"got {self.block_size}")
-        if self.is_mx != (self.scale_dtype == "e8m0"):
-            raise ValueError("an e8m0 (power-of-two) scale goes with the MX formats only")
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
@@ -135,7 +137,8 @@ class Format:
 
     @property
     def is_mx(self) -> bool:
-        return self.name.startswith("mx")
+        """Microscaling: the scale is a bare power of two (an E8M0 byte)."""
+        return self.scale_dtype == "e8m0"
 
     @property
     def elem_max(self) -> float:

@@ -7,6 +7,9 @@ For each block of `B` consecutive values (a `Format` fixes B, the element grid a
     q     = round(x / scale)  onto the element grid   (nearest-even, or stochastic)
     x'    = q * scale                                 (dequantize, in f32)
 
+(XLA may divide by the constant elem_max through its reciprocal, one f32 ulp off; rounding and
+a final clip to elem_max absorb that, so no element ever leaves the grid.)
+
 Error. For integer grids the step is `scale`, so round-to-nearest is off by at most scale/2 and
 stochastic rounding by less than one step, with zero mean. For float grids (fp8, fp4) the step
 depends on the element's binade: the error is at most half an ULP of the element format.
@@ -38,6 +41,7 @@ collective sends exactly that buffer, so the bytes counted are the bytes sent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -302,6 +306,7 @@ def wire_nbytes(n: int, fmt: Format | None, dtype="float32") -> int:
     return -(-n // fmt.block_size) * fmt.bytes_per_block
 
 
+@functools.cache
 def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 0) -> float:
     """Relative RMS error of one quantization of i.i.d. Gaussian values, ||x' - x|| / ||x||.
 

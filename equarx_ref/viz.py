@@ -74,7 +74,7 @@ def plot_comparison(rows, path: str | None = None):
         left.scatter(r.bytes_model / 2**20, max(r.rel_error, 1e-8), color=color,
                      marker=markers.get(r.algorithm, "o"), s=50,
                      label=f"{r.algorithm} {r.format}")
-    left.set_xlabel("MiB sent per device (modelled = HLO)")
+    left.set_xlabel("MiB sent per device (eq.wire_bytes)")
     left.set_ylabel("relative error vs exact sum")
     left.set_yscale("log")
     left.set_title("bytes against error")

@@ -104,6 +104,32 @@ def test_torus_2d(algorithm):
     assert 0.85 < rel_err(y, x) / predicted < 1.15
     exact = run(x, algorithm, fmt=None, shape=(2, 4))
     assert rel_err(exact, x) < 3e-7
+    np.testing.assert_array_equal(run(x, algorithm, num_chunks=3, shape=(2, 4)), y)
+    rows = run(x, algorithm, shape=(2, 4), every_device=True)
+    assert all(np.array_equal(rows[0], r) for r in rows[1:])
+
+
+def test_torus_axis_pair_in_either_order():
+    """ppermute numbers devices in mesh order whatever the pair's order: both must be right."""
+    x = gaussian(8, 1024, seed=8)
+    mesh = _mesh((2, 4))
+    for axes in [("a", "b"), ("b", "a")]:
+        f = jax.jit(jax.shard_map(lambda v, axes=axes: eq.all_reduce(v[0], axes, fmt=None),
+                                  mesh=mesh, in_specs=P(("a", "b")), out_specs=P()))
+        assert rel_err(np.asarray(f(x)), x) < 3e-7, axes
+    with pytest.raises(ValueError, match="distinct"):
+        jax.jit(jax.shard_map(lambda v: eq.all_reduce(v[0], ("a", "a")), mesh=mesh,
+                              in_specs=P(("a", "b")), out_specs=P()))(x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("algorithm", QUANTIZED)
+def test_unquantized_two_devices_is_one_exact_addition(algorithm, dtype):
+    """With fmt=None the payload travels bit for bit: on 2 devices the result is x0 + x1 in
+    f32, rounded once to x's dtype, bitwise."""
+    x = gaussian(2, 999, seed=9).astype(dtype)
+    expected = (np.asarray(x[0], np.float32) + np.asarray(x[1], np.float32)).astype(x.dtype)
+    np.testing.assert_array_equal(run(x, algorithm, fmt=None), expected)
 
 
 # ---- the contract: shapes, devices, determinism, pipelining ------------------------------
@@ -209,6 +235,32 @@ def test_wire_bytes_torus_and_psum():
     hlo = _compiled((8,), "psum", None, 1, (n,), jnp.bfloat16).as_text()
     assert eq.hlo_wire_bytes(hlo, 8)["all-reduce"] == 2 * eq.wire_bytes(
         n, 8, fmt=None, algorithm="psum", dtype="bfloat16")
+
+
+def test_hlo_byte_counting_of_async_collectives():
+    """TPU and GPU print collectives as *-start ops returning (operands, results, contexts)."""
+    lines = {
+        "(u8[100]{0}, u8[800]{0}) all-gather-start(u8[100]{0} %x), "
+        "replica_groups={{0,1,2,3,4,5,6,7}}": {"all-gather": 700},
+        "(u8[100]{0}, u8[100]{0}, u32[], u32[]) collective-permute-start(u8[100]{0} %x)":
+            {"collective-permute": 100},
+        "f32[64]{0} all-reduce-start(f32[64]{0} %x), replica_groups={{0,1,2,3}}":
+            {"all-reduce": 384},
+        "u8[8,16]{1,0} all-to-all(u8[8,16]{1,0} %x), replica_groups=[1,8]<=[8]":
+            {"all-to-all": 112},
+        "f32[] all-reduce(f32[] %x), replica_groups={{0,1}}": {"all-reduce": 4},
+    }
+    for line, expected in lines.items():
+        assert eq.hlo_wire_bytes(f"  %op = {line}", 8) == expected, line
+
+
+def test_wire_bytes_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="non-negative"):
+        eq.wire_bytes(-100, 8, fmt=INT8, algorithm="ring")
+    with pytest.raises(ValueError, match="positive device count"):
+        eq.wire_bytes(100, 0, fmt=INT8, algorithm="ring")
+    assert eq.wire_bytes(100, np.int64(8), fmt=INT8, algorithm="ring") == eq.wire_bytes(
+        100, 8, fmt=INT8, algorithm="ring")
 
 
 def test_byte_ratios():

@@ -76,6 +76,44 @@ def test_format_validation():
         eq.Format.int8(block_size=0)
 
 
+def test_format_refuses_impossible_combinations():
+    with pytest.raises(ValueError, match="bits wide"):
+        eq.Format("x", "e4m3", 4)
+    with pytest.raises(ValueError, match="bits wide"):
+        eq.Format("x", "e2m1", 8)
+    with pytest.raises(ValueError, match="unknown element"):
+        eq.Format("x", "e3m4", 8)
+    with pytest.raises(ValueError, match="block_size"):
+        eq.Format.int8(block_size=True)
+    mxint8 = eq.Format("mxint8", "int", 8, 32, "e8m0")  # OCP MXINT8: int8, E8M0 scale
+    assert mxint8.is_mx and mxint8.bits_per_element == 8.25
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4", "int8_f32_b16"])
+def test_scales_against_an_independent_numpy_rule(name):
+    """amax / elem_max rounded up to the scale dtype (MX: 2^ceil(log2(amax / elem_max)))."""
+    import ml_dtypes
+
+    fmt = FORMATS[name]
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((256, fmt.block_size)) * 10.0 ** rng.uniform(-20, 20, (256, 1)))
+    x = x.astype(np.float32)
+    amax = np.abs(x).max(1).astype(np.float64)
+    if fmt.is_mx:
+        want = 2.0 ** np.ceil(np.log2(amax / fmt.elem_max))
+    else:
+        dtype = ml_dtypes.bfloat16 if fmt.scale_dtype == "bfloat16" else np.float32
+        ratio = amax.astype(np.float32) / np.float32(fmt.elem_max)  # in f32, as documented
+        want = ratio.astype(dtype).astype(np.float64)
+        up = np.nextafter(ratio.astype(dtype), np.array(np.inf, dtype)).astype(np.float64)
+        want = np.where(want < ratio, up, want)
+    got = np.asarray(_scales_fn(fmt)(jnp.asarray(x.reshape(-1))), np.float64)
+    if fmt.scale_dtype == "float32":  # XLA divides by the constant elem_max via its reciprocal
+        np.testing.assert_allclose(got, want, rtol=2**-23, atol=0)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 def test_grids():
     assert list(eq.Format.mxfp4().grid) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
     assert eq.Format.fp8_e4m3().grid.max() == 448 and len(eq.Format.fp8_e4m3().grid) == 127

@@ -142,8 +142,8 @@ def _check_tokens(tokens, config: Gemma3Config):
         raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-    if isinstance(tokens, np.ndarray) and tokens.size and \
-            (tokens.min() < 0 or tokens.max() >= config.vocab_size):
+    if not isinstance(tokens, jax.core.Tracer) and tokens.size and \
+            (int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab_size):
         raise ValueError(f"token ids must lie in [0, {config.vocab_size}), "
                          f"got [{tokens.min()}, {tokens.max()}]")
 
