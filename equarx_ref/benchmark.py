@@ -27,7 +27,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .collectives import all_reduce, hlo_wire_bytes, predicted_relative_error, wire_bytes
+from .collectives import (
+    ALGORITHMS,
+    all_reduce,
+    hlo_wire_bytes,
+    predicted_relative_error,
+    wire_bytes,
+)
 from .devices import make_mesh
 from .formats import Format
 from .quantize import dequantize, quantize
@@ -40,7 +46,6 @@ DEMO_FORMATS: dict[str, Format | None] = {
     "int4": Format.int4(),
     "fp8_e4m3": Format.fp8_e4m3(),
 }
-DEMO_ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
 
 
 @dataclasses.dataclass
@@ -75,7 +80,7 @@ def _time(fns: dict, x, repeats: int) -> dict:
 
 def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: int = 0,
                         formats: dict[str, Format | None] | None = None,
-                        algorithms=DEMO_ALGORITHMS, progress=None) -> list[Row]:
+                        algorithms=ALGORITHMS, progress=None) -> list[Row]:
     """Run every algorithm x format on the same N(0, 1) bf16 inputs, `n` values per device.
 
     Args:
