@@ -1,25 +1,28 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The public API is re-exported here; nothing is defined in this file.
+The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
+(the model) and `viz` (matplotlib), load on first use, so `import equarx_ref` stays quick.
 """
 
-from . import gemma, viz
-from .collectives import (
-    ALGORITHMS,
-    all_reduce,
-    hlo_wire_bytes,
+import importlib
+
+from .collectives import ALGORITHMS, AllReduce, all_reduce
+from .devices import describe_devices, make_mesh, setup_devices
+from .formats import FORMAT_NAMES, Format, format_label, parse_format
+from .hlo import hlo_wire_bytes
+from .predict import (
+    gaussian_relative_error,
     predicted_relative_error,
     quantized_sizes,
     wire_bytes,
 )
-from .devices import describe_devices, make_mesh, setup_devices
-from .formats import Format
-from .quantize import Quantized, dequantize, gaussian_relative_error, quantize
+from .quantize import Quantized, dequantize, quantize
 from .schedule import (
     Schedule,
     Step,
     Transfer,
     bidir_ring_schedule,
+    layout,
     make_schedule,
     one_shot_schedule,
     ring_schedule,
@@ -28,8 +31,19 @@ from .schedule import (
     two_shot_schedule,
 )
 
+_LAZY = ("gemma", "viz")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'equarx_ref' has no attribute {name!r}")
+
+
 __all__ = [
     "ALGORITHMS",
+    "FORMAT_NAMES",
+    "AllReduce",
     "Format",
     "Quantized",
     "Schedule",
@@ -39,12 +53,15 @@ __all__ = [
     "bidir_ring_schedule",
     "dequantize",
     "describe_devices",
+    "format_label",
     "gaussian_relative_error",
     "gemma",
     "hlo_wire_bytes",
+    "layout",
     "make_mesh",
     "make_schedule",
     "one_shot_schedule",
+    "parse_format",
     "predicted_relative_error",
     "quantize",
     "quantized_sizes",

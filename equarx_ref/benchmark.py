@@ -27,25 +27,17 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .collectives import (
-    ALGORITHMS,
-    all_reduce,
-    hlo_wire_bytes,
-    predicted_relative_error,
-    wire_bytes,
-)
+from .collectives import ALGORITHMS, all_reduce
 from .devices import make_mesh
-from .formats import Format
+from .formats import Format, parse_format
+from .hlo import hlo_wire_bytes
+from .predict import predicted_relative_error, wire_bytes
 from .quantize import dequantize, quantize
 
 __all__ = ["DEMO_FORMATS", "Row", "compare_collectives", "quantizer_throughput"]
 
 DEMO_FORMATS: dict[str, Format | None] = {
-    "bf16": None,
-    "int8": Format.int8(),
-    "int4": Format.int4(),
-    "fp8_e4m3": Format.fp8_e4m3(),
-}
+    name: parse_format(name) for name in ("bf16", "int8", "int4", "fp8_e4m3")}
 
 
 @dataclasses.dataclass
@@ -134,7 +126,7 @@ def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: in
             bytes_sent=sent, bytes_model=model, byte_ratio=base_bytes / model,
             rel_error=float(np.linalg.norm(y - exact) / np.linalg.norm(exact)),
             max_error=float(np.abs(y - exact).max()),
-            predicted_error=predicted_relative_error(fmt, algorithm, p),
+            predicted_error=predicted_relative_error(p, fmt=fmt, algorithm=algorithm),
             cpu_time_s=times[key],
             time_ratio=times[key] / times[base_key] if base_key else float("nan"),
             note=note))
@@ -152,6 +144,6 @@ def quantizer_throughput(fmt: Format, *, mib: int = 64, repeats: int = 5) -> dic
     fns = {"qdq": jax.jit(lambda v: dequantize(quantize(v, fmt))),
            "plus1": jax.jit(lambda v: v + 1)}
     t = _time(fns, x, repeats)
-    return {"format": fmt.name, "mib": mib, "quantize_dequantize_s": t["qdq"],
+    return {"format": str(fmt), "mib": mib, "quantize_dequantize_s": t["qdq"],
             "elementwise_s": t["plus1"], "ratio": t["qdq"] / t["plus1"],
             "gib_per_s": mib / 1024 / t["qdq"]}

@@ -18,56 +18,37 @@ would, and returns a result that is identical on every device and typed as such 
 bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:CPU cannot widen
 it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 
-Layout. The flattened input is zero-padded to `C` chunks of `L` values, L a multiple of the block
-size, where C is the schedule's chunk count; so padding and chunk ownership depend only on the
-length, the devices and the block. With `num_chunks=k` (ring family) each chunk is cut at block
-boundaries into k pieces and the schedule runs on every piece: piece j's hop s depends only on
-piece j's hop s-1, so quantizing piece j+1, sending piece j and accumulating piece j-1 are
-independent operations the compiler may overlap (a software pipeline). Blocks never straddle
-pieces, so the result is bitwise that of k = 1 and the bytes are the same.
+Layout (`schedule.layout`): the flattened input is zero-padded to the schedule's chunks, cut at
+block boundaries. With `num_chunks=k` (ring family) each chunk is cut into k pieces and the
+schedule runs on every piece: piece j's hop s depends only on piece j's hop s-1, so quantizing
+piece j+1, sending piece j and accumulating piece j-1 are independent operations a compiler may
+overlap (a software pipeline). Blocks never straddle pieces, so the result is bitwise that of
+k = 1 and the bytes are the same.
 
-Error model. Quantizing a sum of k independent N(0, s^2) inputs costs an error of variance
-k * c^2 s^2, where c = `quantize.gaussian_relative_error(fmt)` (about 0.54% for int8 with a
-bf16 scale per 32; 9.9% for int4). Errors of different quantizations are independent, so a value's
-final error variance is c^2 s^2 times the sum of the sizes k of every partial sum it went through
-quantized, and relative to the exact sum (variance p s^2):
+Over one device nothing is sent, so nothing is quantized: `all_reduce` returns `x` unchanged;
+an empty `x` comes back empty. What each configuration sends and how much error it makes are
+predicted, from the same schedules, in `predict.py`.
 
-    ring         hops carry 1, 2, ..., p-1 inputs, the owner's final chunk p:  c sqrt((p+1)/2)
-    bidir_ring   the same per half:                                            c sqrt((p+1)/2)
-    2D torus     1..p1-1 along axis 0, then p1 * (1..p2-1), then p1 p2:        (see sizes)
-    two_shot     p inputs once, the owner's sum once:                          c sqrt(2)
-    one_shot     p inputs once:                                                c
-
-For int8 at p = 8 that is 1.15% (ring), 0.77% (two-shot) and 0.54% (one-shot):
-`predicted_relative_error` computes it and the tests hold the measured error to it.
+`AllReduce(fmt=..., algorithm=..., num_chunks=...)` packages one configuration as a frozen,
+hashable callable `(x, axis_name) -> sum`: pass it where a function expects a collective (the
+Gemma model's `all_reduce=`), and equal configurations share one compiled program.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
-import operator
-import re
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .formats import Format
-from .quantize import decode, encode, gaussian_relative_error, wire_nbytes
-from .schedule import Schedule, make_schedule
+from .predict import ALGORITHMS, check_algorithm, encoded_bytes
+from .quantize import decode, encode
+from .schedule import Schedule, layout, make_schedule
 
-__all__ = [
-    "ALGORITHMS",
-    "all_reduce",
-    "hlo_wire_bytes",
-    "predicted_relative_error",
-    "quantized_sizes",
-    "wire_bytes",
-]
-
-ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
-_RING_FAMILY = ("ring", "bidir_ring")
+__all__ = ["ALGORITHMS", "AllReduce", "all_reduce"]
 
 
 # ---- what travels: one uint8 buffer per message ----------------------------------------------
@@ -96,16 +77,7 @@ class _Codec:
         return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
 
     def nbytes(self, m: int) -> int:
-        return wire_nbytes(m, self.fmt, self.dtype)
-
-
-def _layout(n: int, sched: Schedule, align: int, num_chunks: int) -> tuple[int, list[tuple]]:
-    """Chunk length L (a multiple of `align`) and the pipeline pieces [(start, length)]."""
-    units = max(1, -(-n // (sched.num_chunks * align)))  # aligned units per chunk
-    k = min(num_chunks, units)  # never more pieces than blocks
-    bounds = [units * j // k for j in range(k + 1)]
-    pieces = [(a * align, (b - a) * align) for a, b in itertools.pairwise(bounds)]
-    return units * align, pieces
+        return encoded_bytes(m, self.fmt, self.dtype)
 
 
 # ---- executing a schedule ------------------------------------------------------------------
@@ -184,18 +156,15 @@ def _axes(axis_name) -> tuple[str, ...]:
     return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
-def _check(x, fmt, algorithm, num_chunks) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
-    if fmt is not None and not isinstance(fmt, Format):
-        raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
-    if algorithm == "psum" and fmt is not None:
-        raise ValueError("algorithm='psum' is the built-in lax.psum and sends x unquantized: "
-                         "pass fmt=None (or pick 'ring', 'bidir_ring', 'two_shot', 'one_shot')")
-    if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
-        raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
-    if num_chunks > 1 and algorithm not in _RING_FAMILY:
-        raise ValueError(f"num_chunks (pipelining) applies to {_RING_FAMILY}, not {algorithm!r}")
+def _invariant(x: jax.Array, axes) -> jax.Array:
+    """x itself, typed as identical on every device (a gather of one, or of nothing, is free)."""
+    flat = x.reshape(-1)
+    for a in axes:
+        flat = lax.all_gather(flat, a, axis=0, tiled=True, to="invarying")
+    return flat.reshape(x.shape)
+
+
+def _check_input(x) -> None:
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"all_reduce needs a floating-point array, got dtype {dtype}; "
@@ -221,14 +190,18 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         TypeError: `x` is not floating point, or `fmt` is not a Format.
         ValueError: unknown algorithm or axis, `fmt` given with "psum", bad `num_chunks`.
     """
-    _check(x, fmt, algorithm, num_chunks)
+    _check_input(x)
+    axes = _axes(axis_name)
+    shape = tuple(lax.axis_size(a) for a in axes)
+    check_algorithm(algorithm, fmt, shape, num_chunks)
     if algorithm == "psum":
         return lax.psum(x, axis_name)
-    axes = _axes(axis_name)
-    sched = make_schedule(algorithm, tuple(lax.axis_size(a) for a in axes))
-    codec = _Codec(fmt, x.dtype)
     n = math.prod(x.shape)
-    length, pieces = _layout(n, sched, codec.align, num_chunks)
+    if n == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
+        return _invariant(x, axes)
+    sched = make_schedule(algorithm, shape)
+    codec = _Codec(fmt, x.dtype)
+    length, pieces = layout(n, sched, codec.align, num_chunks)
     flat = jnp.pad(x.reshape(-1).astype(codec.acc), (0, sched.num_chunks * length - n))
     chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
@@ -241,113 +214,27 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
 
 
-# ---- bytes and error, predicted ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+    """One `all_reduce` configuration as a value: `AllReduce(fmt=..., algorithm=...)(x, axis)`.
 
-
-def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
-               num_chunks: int = 1) -> int:
-    """Bytes one device sends for an AllReduce of `n` values over `p` devices.
-
-    Counted from the schedule `all_reduce` executes: every transfer of a device, encoded chunk
-    sizes included (payload plus scales, after padding). `p` may be a pair (2D torus).
-    "psum" is modelled as a ring, 2 (p - 1) / p * n values of `dtype` (XLA:CPU widens a bf16
-    psum to f32 in practice; on TPU it sends bf16).
+    Frozen and hashable, so it can be a static argument of `jax.jit` (the Gemma model's
+    `all_reduce=`): equal configurations compile once. Checked when built, like `all_reduce`.
     """
-    _check(jnp.zeros((), dtype), fmt, algorithm, num_chunks)
-    shape = _device_shape(p)
-    if operator.index(n) < 0:
-        raise ValueError(f"n must be a non-negative number of values, got {n}")
-    if algorithm == "psum":
-        total = math.prod(shape)
-        return 2 * (total - 1) * n * jnp.dtype(dtype).itemsize // total
-    sched = make_schedule(algorithm, shape)
-    codec = _Codec(fmt, dtype)
-    _, pieces = _layout(n, sched, codec.align, num_chunks)
-    per_chunk = sum(codec.nbytes(size) for _, size in pieces)
-    return sched.chunks_sent(0) * per_chunk
 
+    fmt: Format | None = Format.int8()  # noqa: RUF009 (a frozen, hashable default)
+    algorithm: str = "ring"
+    num_chunks: int = 1
 
-def _device_shape(p) -> tuple[int, ...]:
-    """`p` devices, or a (p1, p2) torus, as a shape of positive integers."""
-    shape = tuple(p) if isinstance(p, (tuple, list)) else (p,)
-    shape = tuple(operator.index(q) for q in shape)
-    if not 1 <= len(shape) <= 2 or min(shape) < 1:
-        raise ValueError(f"p must be a positive device count or a pair of them, got {p!r}")
-    return shape
+    def __post_init__(self):
+        check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
 
+    def __call__(self, x: jax.Array, axis_name) -> jax.Array:
+        return all_reduce(x, axis_name, fmt=self.fmt, algorithm=self.algorithm,
+                          num_chunks=self.num_chunks)
 
-def quantized_sizes(algorithm: str, p) -> list[int]:
-    """Sizes (inputs summed) of every quantized partial sum one output value went through."""
-    shape = _device_shape(p)
-    total = math.prod(shape)
-    if algorithm in _RING_FAMILY:
-        sizes, done = [], 1
-        for q in shape:  # a ring along each axis in turn
-            sizes += [done * k for k in range(1, q)]
-            done *= q
-        return [*sizes, total]
-    if algorithm == "two_shot":
-        return [1] * total + [total]
-    if algorithm == "one_shot":
-        return [1] * total
-    raise ValueError(f"no quantization in {algorithm!r}; choose one of {ALGORITHMS[1:]}")
+    def __str__(self) -> str:
+        from .formats import format_label
 
-
-def predicted_relative_error(fmt: Format | None, algorithm: str, p) -> float:
-    """Expected ||all_reduce - exact|| / ||exact|| for i.i.d. Gaussian inputs (module essay).
-
-    0.0 for `fmt=None` or "psum" (exact up to the rounding of the accumulation dtype).
-    """
-    if fmt is None or algorithm == "psum":
-        return 0.0
-    total = math.prod(_device_shape(p))
-    c = gaussian_relative_error(fmt)
-    return c * math.sqrt(sum(quantized_sizes(algorithm, p)) / total)
-
-
-# ---- bytes, read back from the compiled program ----------------------------------------------
-
-_HLO_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(collective-permute|all-to-all|all-gather|all-reduce)"
-                     r"(-start)?\(")
-_HLO_SHAPE = re.compile(r"(pred|[a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s4": 1, "u4": 1, "bf16": 2, "f16": 2, "s16": 2,
-              "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-
-
-def _group_size(line: str, default: int) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
-    if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
-    return int(m.group(2)) if m else default
-
-
-def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
-    """Bytes one device sends, read from compiled HLO text, by collective kind.
-
-    collective-permute: its operand; all-to-all: (g-1)/g of it; all-gather: (g-1) shards of
-    its result; all-reduce: 2 (g-1)/g of its operand (a ring model). g: the replica group size
-    (`p` if the op names none). Element bytes come from the HLO types (f8 = 1, bf16 = 2...).
-    Asynchronous forms (`*-start`, as on TPU and GPU) return a tuple (operands, results,
-    scalar contexts): the operand half counts for collective-permute, the result half for
-    all-gather. A collective inside a loop body is counted once, not once per trip.
-    """
-    out: dict[str, float] = {}
-    for line in hlo_text.splitlines():
-        m = _HLO_OP.search(line)
-        if not m:
-            continue
-        shapes, kind = m.group(1), m.group(2)
-        found = _HLO_SHAPE.findall(shapes)
-        if m.group(3) and shapes.startswith("(") and kind != "all-reduce":
-            found = [(dt, dims) for dt, dims in found if dims]  # drop scalar contexts
-            half = len(found) // 2  # (operands..., results...)
-            found = found[half:] if kind == "all-gather" else found[:half]
-        sizes = [_HLO_BYTES.get(dt, 1 if dt.startswith("f8") else 4)
-                 * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in found]
-        size = sum(sizes)
-        g = _group_size(line, p)
-        sent = {"collective-permute": size, "all-to-all": size * (g - 1) / g,
-                "all-gather": size * (g - 1) / g, "all-reduce": 2 * size * (g - 1) / g}[kind]
-        out[kind] = out.get(kind, 0.0) + sent
-    return out
+        pipe = f" x{self.num_chunks}" if self.num_chunks > 1 else ""
+        return f"{self.algorithm} {format_label(self.fmt)}{pipe}"

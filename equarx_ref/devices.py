@@ -14,8 +14,12 @@ TPU) the `n` simulated CPU devices are, named explicitly with `jax.devices("cpu"
 
 from __future__ import annotations
 
+import math
+
 import jax
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh
+
+from ._checks import count
 
 __all__ = ["describe_devices", "make_mesh", "setup_devices"]
 
@@ -30,8 +34,7 @@ def setup_devices(n: int = 8) -> list[jax.Device]:
         ValueError: `n` is not a positive integer.
         RuntimeError: JAX already started with fewer than `n` devices on every backend.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"setup_devices(n): n must be a positive integer, got {n!r}")
+    n = count(n, "setup_devices(n): n")
     try:
         if jax.config.jax_num_cpu_devices < n:
             jax.config.update("jax_num_cpu_devices", n)
@@ -65,11 +68,15 @@ def describe_devices(devices: list[jax.Device]) -> str:
 
 def make_mesh(devices: list[jax.Device], axis_names: tuple[str, ...] = ("tp",),
               shape: tuple[int, ...] | None = None) -> Mesh:
-    """A mesh over `devices` (1-D by default; pass `shape` for a 2-D torus such as (2, 4))."""
-    import numpy as np
+    """A mesh over `devices` (1-D by default; pass `shape` for a 2-D torus such as (2, 4)).
 
+    Built with `jax.make_mesh`, which orders real TPU chips so that mesh neighbours are ICI
+    neighbours (a ring along an axis is a ring of links). The axes are `Auto`, so plain arrays
+    can be passed to a jitted `shard_map` as they are.
+    """
     shape = (len(devices),) if shape is None else tuple(shape)
-    if int(np.prod(shape)) != len(devices) or len(shape) != len(axis_names):
+    if math.prod(shape) != len(devices) or len(shape) != len(axis_names):
         raise ValueError(f"mesh shape {shape} with axes {axis_names} does not fit "
                          f"{len(devices)} devices")
-    return Mesh(np.array(devices).reshape(shape), axis_names)
+    return jax.make_mesh(shape, tuple(axis_names), devices=list(devices),
+                         axis_types=(AxisType.Auto,) * len(shape))

@@ -31,11 +31,14 @@ largest values of those blocks by design. We prefer the documented no-clip rule 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["SCALE_DTYPES", "Format"]
+from ._checks import count
+
+__all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "UNQUANTIZED", "Format", "format_label", "parse_format"]
 
 # Scale types: name -> bits on the wire. "e8m0" is a power-of-two exponent byte (MX).
 SCALE_DTYPES = {"bfloat16": 16, "float32": 32, "e8m0": 8}
@@ -62,75 +65,147 @@ def _scale_name(scale_dtype) -> str:
     return name
 
 
+# Element types by format name: (element grid, bits). "int" is symmetric integer.
+_ELEMENTS = {
+    "int8": ("int", 8),
+    "int4": ("int", 4),
+    "fp8_e4m3": ("e4m3", 8),
+    "fp8_e5m2": ("e5m2", 8),
+    "fp4_e2m1": ("e2m1", 4),
+}
+# MX presets: element name and the fixed E8M0 scale (OCP MX v1.0).
+_MX = {"mxfp8": "fp8_e4m3", "mxfp4": "fp4_e2m1", "mxint8": "int8"}
+_SCALE_SHORT = {"bf16": "bfloat16", "f32": "float32", "e8m0": "e8m0"}
+_SCALE_LONG = {v: k for k, v in _SCALE_SHORT.items()}
+MAX_BLOCK_SIZE = 1 << 16  # far beyond any useful block; keeps buffers sane
+
+#: Names `Format.parse` accepts without options, in the order tables list them.
+FORMAT_NAMES = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4")
+#: The name of "no quantization" wherever a format is named (CLI, tables): the input's own
+#: 16-bit float travels as is.
+UNQUANTIZED = "bf16"
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
-    """A block-wise quantized wire format.
+    """A block-wise quantized wire format: element type, block size, scale type.
 
-    Build one with a preset: `Format.int8()`, `Format.int4()`, `Format.fp8_e4m3()`,
-    `Format.fp8_e5m2()`, `Format.mxfp8()`, `Format.mxfp4()`.
+    `Format("int8")`, `Format("int4", 16)`, `Format("fp8_e4m3", 32, "float32")`, or the presets
+    `Format.int8()`, `Format.int4()`, `Format.fp8_e4m3()`, `Format.fp8_e5m2()`, `Format.mxfp8()`,
+    `Format.mxfp4()`. `str(fmt)` is a short name that `Format.parse` reads back: "int8",
+    "int4/b16", "fp8_e4m3/f32", "mxfp8".
 
     Attributes:
-        name: short label, e.g. "int8".
-        element: "int" for symmetric integers, or a float grid "e4m3", "e5m2", "e2m1".
-        elem_bits: bits of one element on the wire (8 or 4; 4-bit elements are packed two a byte).
+        name: the element type: "int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", or an MX
+            preset name "mxfp8", "mxfp4", "mxint8" (whose scale is always E8M0).
         block_size: values sharing one scale.
-        scale_dtype: "bfloat16", "float32" or "e8m0" (power-of-two exponent byte, MX).
+        scale_dtype: "bfloat16", "float32" or "e8m0" (a power-of-two exponent byte, as in MX).
     """
 
     name: str
-    element: str
-    elem_bits: int
     block_size: int = 32
-    scale_dtype: str = "bfloat16"
+    scale_dtype: str | None = None  # None: bfloat16, or e8m0 for the MX names
 
     def __post_init__(self):
-        object.__setattr__(self, "scale_dtype", _scale_name(self.scale_dtype))
-        widths = {"int": (4, 8), **{e: (1 + sum(_FLOAT_ELEMENTS[e][:2]),) for e in
-                                    _FLOAT_ELEMENTS}}
-        if self.element not in widths:
-            raise ValueError(f"unknown element type {self.element!r}; choose one of "
-                             f"{sorted(widths)}")
-        if self.elem_bits not in widths[self.element]:
-            raise ValueError(f"{self.element} elements are {widths[self.element]} bits wide, "
-                             f"got elem_bits={self.elem_bits!r}")
-        if type(self.block_size) is not int or self.block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if not isinstance(self.name, str) or (self.name not in _ELEMENTS and
+                                              self.name not in _MX):
+            hint = (" (Format's fields are name, block_size, scale_dtype: e.g. "
+                    "Format('int8', 32, 'bfloat16'))" if not isinstance(self.name, str) else "")
+            raise ValueError(f"unknown format name {self.name!r}; choose one of "
+                             f"{sorted([*_ELEMENTS, *_MX])}{hint}")
+        object.__setattr__(self, "block_size", count(self.block_size, "block_size",
+                                                       maximum=MAX_BLOCK_SIZE))
+        default = "e8m0" if self.name in _MX else "bfloat16"
+        scale = default if self.scale_dtype is None else _scale_name(self.scale_dtype)
+        if self.name in _MX and scale != "e8m0":
+            raise ValueError(f"{self.name} is an MX format: its scale is e8m0, "
+                             f"got scale_dtype={self.scale_dtype!r}")
+        object.__setattr__(self, "scale_dtype", scale)
         if self.elem_bits == 4 and self.block_size % 2:
             raise ValueError(f"4-bit formats pack two values a byte: block_size must be even, "
                              f"got {self.block_size}")
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
-    def int8(cls, block_size: int = 32, scale_dtype="bfloat16") -> Format:
+    def int8(cls, block_size: int = 32, scale_dtype: str = "bfloat16") -> Format:
         """Symmetric int8, grid {-127..127}: 8.5 bits per element with a bf16 scale per 32."""
-        return cls("int8", "int", 8, block_size, scale_dtype)
+        return cls("int8", block_size, scale_dtype)
 
     @classmethod
-    def int4(cls, block_size: int = 32, scale_dtype="bfloat16") -> Format:
+    def int4(cls, block_size: int = 32, scale_dtype: str = "bfloat16") -> Format:
         """Symmetric int4, grid {-7..7}, two values per byte: 4.5 bits with a bf16 scale per 32."""
-        return cls("int4", "int", 4, block_size, scale_dtype)
+        return cls("int4", block_size, scale_dtype)
 
     @classmethod
-    def fp8_e4m3(cls, block_size: int = 32, scale_dtype="bfloat16") -> Format:
+    def fp8_e4m3(cls, block_size: int = 32, scale_dtype: str = "bfloat16") -> Format:
         """float8 e4m3fn elements (max 448, 3 mantissa bits) with a block scale."""
-        return cls("fp8_e4m3", "e4m3", 8, block_size, scale_dtype)
+        return cls("fp8_e4m3", block_size, scale_dtype)
 
     @classmethod
-    def fp8_e5m2(cls, block_size: int = 32, scale_dtype="bfloat16") -> Format:
+    def fp8_e5m2(cls, block_size: int = 32, scale_dtype: str = "bfloat16") -> Format:
         """float8 e5m2 elements (max 57344, 2 mantissa bits) with a block scale."""
-        return cls("fp8_e5m2", "e5m2", 8, block_size, scale_dtype)
+        return cls("fp8_e5m2", block_size, scale_dtype)
 
     @classmethod
     def mxfp8(cls, block_size: int = 32) -> Format:
         """OCP MXFP8: e4m3 elements, one power-of-two E8M0 scale per 32 values (8.25 bits)."""
-        return cls("mxfp8", "e4m3", 8, block_size, "e8m0")
+        return cls("mxfp8", block_size, "e8m0")
 
     @classmethod
     def mxfp4(cls, block_size: int = 32) -> Format:
         """OCP MXFP4: e2m1 elements, one power-of-two E8M0 scale per 32 values (4.25 bits)."""
-        return cls("mxfp4", "e2m1", 4, block_size, "e8m0")
+        return cls("mxfp4", block_size, "e8m0")
+
+    # ---- names ---------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> Format:
+        """Read a format name as `str(fmt)` writes it: "int8", "int4/b16", "fp8_e4m3/f32".
+
+        Options after the name, separated by "/": "bN" (block size N) and a scale type
+        ("bf16", "f32", "e8m0"). Raises ValueError naming what it could not read.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"Format.parse takes a string, got {type(text).__name__}")
+        name, *options = text.strip().split("/")
+        block, scale = 32, None
+        for opt in options:
+            if re.fullmatch(r"b\d+", opt):
+                block = int(opt[1:])
+            elif opt in _SCALE_SHORT:
+                scale = _SCALE_SHORT[opt]
+            else:
+                raise ValueError(f"cannot read {opt!r} in format {text!r}: options are bN "
+                                 f"(block size) and a scale type {sorted(_SCALE_SHORT)}")
+        if name == UNQUANTIZED:
+            raise ValueError(f"{UNQUANTIZED!r} means no quantization: use parse_format, which "
+                             "returns None for it")
+        return cls(name, block, scale)
+
+    def __str__(self) -> str:
+        default_scale = "e8m0" if self.name in _MX else "bfloat16"
+        parts = [self.name]
+        if self.block_size != 32:
+            parts.append(f"b{self.block_size}")
+        if self.scale_dtype != default_scale:
+            parts.append(_SCALE_LONG[self.scale_dtype])
+        return "/".join(parts)
+
+    def describe(self) -> str:
+        """A longer label: 'int8 (block 32, bfloat16 scale, 8.5 bits)'."""
+        scale = "" if self.is_mx else f", {self.scale_dtype} scale"
+        return f"{self} (block {self.block_size}{scale}, {self.bits_per_element:g} bits)"
 
     # ---- derived facts -------------------------------------------------------------------
+    @property
+    def element(self) -> str:
+        """The element grid: "int" (symmetric integers), or a float grid "e4m3", "e5m2", "e2m1"."""
+        return _ELEMENTS[_MX.get(self.name, self.name)][0]
+
+    @property
+    def elem_bits(self) -> int:
+        """Bits of one element on the wire (4-bit elements travel two a byte)."""
+        return _ELEMENTS[_MX.get(self.name, self.name)][1]
+
     @property
     def is_int(self) -> bool:
         return self.element == "int"
@@ -178,6 +253,10 @@ class Format:
         """Payload plus scale of one block, as sent."""
         return self.payload_bytes_per_block + self.scale_bytes
 
+    def nbytes(self, n: int) -> int:
+        """Bytes `n` values occupy encoded: whole blocks of payload plus scale."""
+        return -(-count(n, "n", minimum=0) // self.block_size) * self.bytes_per_block
+
     @property
     def bits_per_element(self) -> float:
         """Element bits plus the block's scale bits spread over its values, e.g. 8.5 for int8."""
@@ -197,6 +276,12 @@ class Format:
         values.update(2.0**emin * k / 2**m for k in range(2**m))  # subnormals
         return np.array(sorted(v for v in values if v <= vmax))
 
-    def __str__(self) -> str:
-        scale = "" if self.is_mx else f", {self.scale_dtype} scale"
-        return f"{self.name} (block {self.block_size}{scale}, {self.bits_per_element:g} bits)"
+
+def parse_format(text: str) -> Format | None:
+    """`Format.parse`, plus "bf16" for no quantization (None), as the CLI and tables name it."""
+    return None if text == UNQUANTIZED else Format.parse(text)
+
+
+def format_label(fmt: Format | None) -> str:
+    """The name `parse_format` reads back: `str(fmt)`, or "bf16" for None."""
+    return UNQUANTIZED if fmt is None else str(fmt)

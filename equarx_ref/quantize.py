@@ -3,19 +3,21 @@
 For each block of `B` consecutive values (a `Format` fixes B, the element grid and the scale type):
 
     amax  = max |x|                                   over the block, in f32
-    scale = amax / elem_max, rounded UP to the scale dtype  (so |x| / scale <= elem_max)
-    q     = round(x / scale)  onto the element grid   (nearest-even, or stochastic)
-    x'    = q * scale                                 (dequantize, in f32)
+    scale = the smallest scale-dtype value s with s * elem_max >= amax   (so nothing clips)
+    q     = round(x / s)  onto the element grid       (nearest, ties to even; or stochastic)
+    x'    = q * s                                     (dequantize, in f32)
 
-(XLA may divide by the constant elem_max through its reciprocal, one f32 ulp off; rounding and
-a final clip to elem_max absorb that, so no element ever leaves the grid.)
+Both rules hold exactly, under `jit` and eagerly alike. That takes care: XLA turns a division by
+a constant or a broadcast into a multiplication by a rounded reciprocal, which can land one
+scale step too high or on the wrong side of a rounding tie. So the quantizer estimates with the
+reciprocal and then settles every close call with exact comparisons (`_product_vs`).
 
-Error. For integer grids the step is `scale`, so round-to-nearest is off by at most scale/2 and
+Error. For integer grids the step is `s`, so round-to-nearest is off by at most s/2 and
 stochastic rounding by less than one step, with zero mean. For float grids (fp8, fp4) the step
-depends on the element's binade: the error is at most half an ULP of the element format.
-For a Gaussian block the rounding error is close to uniform over a step, so its RMS is
-step / sqrt(12); `gaussian_relative_error` turns that into the relative RMS error of one
-quantization, the constant every collective's error model is built from (see collectives.py).
+depends on the element's binade: the error is at most half an ULP of the element format. Scales
+are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above amax / elem_max,
+which is all the precision a coarse scale costs. The error model built on these bounds is in
+predict.py.
 
 MX formats use a power-of-two scale 2^k with k = ceil(log2(amax / elem_max)), stored as an
 E8M0 byte k + 127 (see formats.py for why we do not use OCP's clipping floor rule).
@@ -26,7 +28,9 @@ Edge cases, all deliberate:
 - A block whose amax / elem_max falls below f32's smallest normal number (~1.2e-38, so amax below
   ~1.5e-36 for int8) gets a zero scale, because XLA:CPU flushes subnormal floats to zero; it
   dequantizes to zeros. That is an absolute error under 1.5e-36, tested, and far below any
-  activation that matters.
+  activation that matters. E8M0 scales reach 2^-127 and keep such blocks.
+- A finite block near f32's maximum stays finite: its largest element may round to a grid value
+  just past 3.4e38, and dequantizing saturates it to the largest f32 (still within half a step).
 - A NaN or infinity in a block makes its amax, hence its scale, non-finite; the payload of such a
   block is forced to 0 (casting NaN to an integer is undefined, and e4m3 would turn overflow into
   NaN), so the block dequantizes to 0 * inf = NaN: non-finite, whatever the payload. Other blocks
@@ -41,7 +45,6 @@ collective sends exactly that buffer, so the bytes counted are the bytes sent.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -58,10 +61,8 @@ __all__ = [
     "dequantize",
     "encode",
     "from_bytes",
-    "gaussian_relative_error",
     "quantize",
     "to_bytes",
-    "wire_nbytes",
 ]
 
 _E8M0_BIAS = 127
@@ -109,17 +110,37 @@ def _check_float(x: Any, what: str) -> jax.Array:
     return x
 
 
+# ---- exact comparisons ----------------------------------------------------------------------
+
+
+def _product_vs(coef, s: jax.Array, a: jax.Array) -> jax.Array:
+    """sign(coef * s - a), exactly, for f32 s, a >= 0 and coef with at most 12 significant bits.
+
+    f32 cannot hold coef * s, so s is split into a 12-bit head and its exact remainder; both
+    partial products are exact, and the head term lies within a factor 2 of `a` whenever the
+    answer is close, where the subtraction is exact too (Sterbenz). XLA cannot spoil this: it
+    never reassociates float sums, and fusing a multiply-add only removes a rounding.
+    """
+    head = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32)
+    return jnp.sign((coef * head - a) + coef * (s - head))
+
+
 # ---- scales --------------------------------------------------------------------------------
 
 
 def _round_up(s: jax.Array, dtype) -> jax.Array:
     """Round positive f32 `s` to `dtype`, upwards (never below s)."""
     r = s.astype(dtype)
-    return jnp.where(r.astype(jnp.float32) < s, jnp.nextafter(r, jnp.asarray(jnp.inf, dtype)), r)
+    return jnp.where(r.astype(jnp.float32) < s, _step(r, up=True), r)
 
 
-def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array]:
-    """Per-block (stored scale, multiplier taking x to element units)."""
+def _step(s: jax.Array, up: bool) -> jax.Array:
+    return jnp.nextafter(s, jnp.asarray(jnp.inf if up else 0.0, s.dtype))
+
+
+def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per block: (stored scale, scale as f32, multiplier taking x to element units)."""
     finite = jnp.isfinite(amax)
     if fmt.scale_dtype == "e8m0":
         # k = ceil(log2(amax / elem_max)), exactly: amax in [2^(e-1), 2^e) and
@@ -131,28 +152,86 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array]:
         k = jnp.where(amax > 0, jnp.clip(k, -_E8M0_BIAS, 126), -_E8M0_BIAS)
         code = jnp.where(finite, k + _E8M0_BIAS, 255).astype(jnp.uint8)  # 255 is E8M0's NaN
         inv = jnp.where(finite, _pow2(jnp.clip(-k, -126, 127)), jnp.nan)
-        return code, inv
+        return code, None, inv
+    # The smallest scale-dtype value s with s * elem_max >= amax. Estimate it (XLA multiplies
+    # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
+    # and up while s does not: two steps each way cover the estimate's error.
     dtype = jnp.dtype(fmt.scale_dtype)
-    stored = _round_up(amax / fmt.elem_max, dtype)  # NaN/inf amax gives a NaN/inf scale
-    s = stored.astype(jnp.float32)
-    return stored, jnp.where(s > 0, 1.0 / s, 0.0)
+    covers = lambda s: _product_vs(fmt.elem_max, s.astype(jnp.float32), amax) >= 0  # noqa: E731
+    s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
+    for _ in range(2):
+        s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
+    for _ in range(2):
+        s = jnp.where(covers(s) | ~finite, s, _step(s, up=True))
+    # Below f32's smallest normal, XLA:CPU would flush the scale anyway: store an exact zero.
+    s = jnp.where(s.astype(jnp.float32) < np.finfo(np.float32).tiny, jnp.zeros((), dtype), s)
+    s32 = s.astype(jnp.float32)
+    return s, s32, jnp.where(s32 > 0, 1.0 / s32, 0.0)
 
 
 def _apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
-    """values * scale, in f32; E8M0 scales are applied as two exact powers of two."""
+    """values * scale in f32, saturated to f32's finite range (a finite block stays finite).
+
+    E8M0 scales are applied as two exact powers of two. Saturation only matters for a block
+    near f32's maximum, whose largest element can round to a grid value just past it; the
+    saturated value is still within half a step of the input. Non-finite blocks stay NaN.
+    """
     if fmt.scale_dtype == "e8m0":
         k = stored.astype(jnp.int32) - _E8M0_BIAS
         half = k // 2
         out = values * _pow2(half)[..., None] * _pow2(k - half)[..., None]
-        return jnp.where((stored == 255)[..., None], jnp.nan, out)
-    return values * stored.astype(jnp.float32)[..., None]
+        out = jnp.where((stored == 255)[..., None], jnp.nan, out)
+    else:
+        out = values * stored.astype(jnp.float32)[..., None]
+    big = np.finfo(np.float32).max
+    return jnp.clip(out, -big, big)
 
 
 # ---- rounding onto the element grid ----------------------------------------------------------
 
 
+def _level_values(level: jax.Array, fmt: Format) -> jax.Array:
+    """Grid magnitude number `level` (0, 1, ... in increasing order) -> its value, f32."""
+    if fmt.is_int:
+        return level.astype(jnp.float32)
+    if fmt.element == "e2m1":  # levels 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+        e, m = level >> 1, (level & 1).astype(jnp.float32)
+        return jnp.where(e == 0, 0.5 * m, (2 + m) * _pow2(e - 2))
+    return lax.bitcast_convert_type(level.astype(jnp.uint8), _FP8[fmt.element]).astype(
+        jnp.float32)  # positive fp8 codes are the levels, in order
+
+
+def _levels(a: jax.Array, fmt: Format) -> jax.Array:
+    """Grid magnitudes |q| (exactly on the grid) -> their level numbers, int32."""
+    if fmt.is_int:
+        return a.astype(jnp.int32)
+    if fmt.element == "e2m1":
+        return jnp.where(a < 2, 2 * a, jnp.where(a < 4, a + 2, a / 2 + 4)).astype(jnp.int32)
+    return lax.bitcast_convert_type(a.astype(_FP8[fmt.element]), jnp.uint8).astype(jnp.int32)
+
+
+def _nearest_even(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax.Array:
+    """round(x / s) to the nearest grid value, ties to even, exactly; f32 result.
+
+    `v = x * fl(1/s)` is the quantizer's fast estimate; it can sit on the wrong side of a
+    midpoint by a rounding, so the level it gives is checked against both neighbouring
+    midpoints m with exact comparisons of |x| and m * s (`_product_vs`), and moved by one.
+    """
+    a, top = jnp.abs(x), len(fmt.grid) - 1
+    level = _levels(_round_to_grid(jnp.abs(v), fmt, None), fmt)
+    here = _level_values(level, fmt)
+    s = s[..., None]
+    above = _product_vs((here + _level_values(jnp.minimum(level + 1, top), fmt)) * 0.5, s, a)
+    below = _product_vs((here + _level_values(jnp.maximum(level - 1, 0), fmt)) * 0.5, s, a)
+    odd = (level & 1) == 1
+    level = level + ((level < top) & ((above < 0) | ((above == 0) & odd))).astype(jnp.int32)
+    level = level - ((level > 0) & ((below > 0) | ((below == 0) & odd))).astype(jnp.int32)
+    return jnp.where(jnp.signbit(x), -1.0, 1.0) * _level_values(level, fmt)
+
+
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
     """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
+    v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
     if key is None and fmt.element in _FP8:  # XLA's f32 -> fp8 cast rounds to nearest even
         return v.astype(_FP8[fmt.element]).astype(jnp.float32)
     if fmt.is_int:
@@ -217,10 +296,15 @@ def _blocks(x: jax.Array, fmt: Format) -> jax.Array:
 def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:
     """[..., blocks, B] f32 -> (payload uint8 [..., blocks, PB], stored scales [..., blocks])."""
     amax = jnp.max(jnp.abs(xb), axis=-1)  # NaN if the block has a NaN
-    stored, inv = _scales(amax, fmt)
+    stored, s, inv = _scales(amax, fmt)
+    finite = jnp.isfinite(amax)[..., None]
+    xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
     v = xb * inv[..., None]
-    v = jnp.where(jnp.isfinite(v), v, 0.0)  # a non-finite block is carried by its scale alone
-    return _encode_elements(_round_to_grid(v, fmt, key), fmt), stored
+    if key is None and s is not None:  # exact round(x / s); an E8M0 scale makes v exact already
+        q = _nearest_even(xb, v, s, fmt)
+    else:
+        q = _round_to_grid(v, fmt, key)
+    return _encode_elements(q, fmt), stored
 
 
 def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quantized:
@@ -243,10 +327,12 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
 
 
 def dequantize(q: Quantized) -> jax.Array:
-    """The f32 values a `Quantized` stands for, in its original shape."""
+    """The f32 values a `Quantized` stands for: `[*lead, *shape]`, lead the batch axes of a
+    stacked `Quantized` (as `from_bytes` of a `[*lead, nbytes]` buffer gives)."""
     values = _apply_scale(_decode_elements(q.payload, q.fmt), q.scales, q.fmt)
+    lead = values.shape[:-2]
     n = math.prod(q.shape)
-    return values.reshape(*values.shape[:-2], -1)[..., :n].reshape(q.shape)
+    return values.reshape(*lead, -1)[..., :n].reshape(*lead, *q.shape)
 
 
 def _scale_to_bytes(stored: jax.Array, fmt: Format) -> jax.Array:
@@ -287,6 +373,9 @@ def encode(x: jax.Array, fmt: Format) -> jax.Array:
     The collectives' hot path: same numerics as `quantize`, keeping leading axes.
     """
     *lead, n = x.shape
+    if n % fmt.block_size:
+        raise ValueError(f"encode takes rows of whole blocks: {n} values is not a multiple of "
+                         f"block_size {fmt.block_size} (quantize pads; encode does not)")
     xb = x.astype(jnp.float32).reshape(*lead, n // fmt.block_size, fmt.block_size)
     payload, stored = _quantize_blocks(xb, fmt, None)
     return to_bytes(Quantized(payload, stored, (n,), "float32", fmt))
@@ -297,34 +386,3 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
     q = from_bytes(buf, fmt, (n,))
     values = _apply_scale(_decode_elements(q.payload, fmt), q.scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
-
-
-def wire_nbytes(n: int, fmt: Format | None, dtype="float32") -> int:
-    """Bytes that `n` values occupy on the wire: whole blocks of `fmt`, or raw `dtype` if None."""
-    if fmt is None:
-        return n * jnp.dtype(dtype).itemsize
-    return -(-n // fmt.block_size) * fmt.bytes_per_block
-
-
-@functools.cache
-def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 0) -> float:
-    """Relative RMS error of one quantization of i.i.d. Gaussian values, ||x' - x|| / ||x||.
-
-    Integer grids, in closed form: the step is s = amax / qmax (rounded up to the scale dtype, a
-    factor within 2^-8 of 1 for bf16), the error is uniform over a step, so
-
-        rel^2 = E[amax^2] / (12 qmax^2)          (x ~ N(0, 1); amax = max of B values |x|)
-
-    with E[amax^2] = integral_0^inf 2m (1 - erf(m / sqrt 2)^B) dm, integrated numerically.
-    Float grids have a step that follows each value's binade; there we measure the constant with
-    this module's own quantizer on `samples` seeded Gaussian values.
-    """
-    if fmt.is_int:
-        m = np.linspace(0.0, 12.0, 120001)
-        erf = np.vectorize(math.erf)(m / math.sqrt(2.0))
-        integrand = 2 * m * (1 - erf**fmt.block_size)
-        e_amax2 = float(np.sum((integrand[1:] + integrand[:-1]) / 2) * (m[1] - m[0]))
-        return math.sqrt(e_amax2 / 12.0) / fmt.elem_max
-    x = jax.random.normal(jax.random.key(seed), (samples,), jnp.float32)
-    err = dequantize(quantize(x, fmt)) - x
-    return float(jnp.linalg.norm(err) / jnp.linalg.norm(x))

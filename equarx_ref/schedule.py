@@ -30,6 +30,12 @@ owner sums all p copies, then an all-gather. Each value is quantized exactly twi
 One-shot (Dong et al.). One all-gather of every device's whole vector; each device sums the p
 copies itself. p - 1 times the bytes of the vector, one quantization per value.
 
+Layout. `layout(n, schedule, align, num_chunks)` says where each value goes: the flattened input
+is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of `align` (the block
+size), so padding and chunk ownership depend only on the length, the devices and the block.
+Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces. An empty
+input has no chunks at all: nothing is padded, nothing sent.
+
 The all-gather phases are `all_gather` steps: each device contributes the chunks it owns and
 receives the others' (on a ring network this is p - 1 forwarding hops of the same bytes; JAX's
 `all_gather` also makes the result provably identical on every device, which `shard_map`'s
@@ -39,13 +45,17 @@ receives the others' (on a ring network this is p - 1 forwarding hops of the sam
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
+
+from ._checks import count
 
 __all__ = [
     "Schedule",
     "Step",
     "Transfer",
     "bidir_ring_schedule",
+    "layout",
     "make_schedule",
     "one_shot_schedule",
     "ring_schedule",
@@ -116,8 +126,7 @@ class Schedule:
 
 
 def _check_p(p: int, what: str = "p") -> None:
-    if not isinstance(p, int) or isinstance(p, bool) or p < 1:
-        raise ValueError(f"{what} must be a positive integer number of devices, got {p!r}")
+    count(p, what)
 
 
 def _gather(devices_of_axis, axis, time, name_chunks) -> Step:
@@ -254,3 +263,18 @@ def simulate(schedule: Schedule) -> list[list[Counter]]:
                 else:
                     held[t.dst][c] = part
     return held
+
+
+def layout(n: int, schedule: Schedule, align: int, num_chunks: int = 1
+           ) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """Chunk length L (a multiple of `align`) and the pipeline pieces `((start, length), ...)`.
+
+    Every chunk holds `L` values (zero-padded at the end); with `num_chunks=k` each chunk is cut
+    into at most k pieces of whole `align` units (never more pieces than units). n = 0 gives
+    L = 0 and no pieces.
+    """
+    units = -(-n // (schedule.num_chunks * align))  # aligned units per chunk
+    k = min(num_chunks, units)
+    bounds = [units * j // k for j in range(k + 1)] if k else [0]
+    pieces = tuple((a * align, (b - a) * align) for a, b in itertools.pairwise(bounds))
+    return units * align, pieces

@@ -17,7 +17,7 @@ def test_setup_devices():
     assert eq.describe_devices(DEVICES).startswith("8 simulated CPU devices")
     with pytest.raises(RuntimeError, match="setup_devices"):
         eq.setup_devices(len(jax.devices("cpu")) + 1)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match=r"setup_devices\(n\): n must be >= 1"):
         eq.setup_devices(0)
 
 

@@ -13,9 +13,7 @@ import equarx_ref as eq
 from equarx_ref.quantize import (
     _apply_scale,
     from_bytes,
-    gaussian_relative_error,
     to_bytes,
-    wire_nbytes,
 )
 
 FORMATS = {
@@ -77,16 +75,38 @@ def test_format_validation():
 
 
 def test_format_refuses_impossible_combinations():
-    with pytest.raises(ValueError, match="bits wide"):
-        eq.Format("x", "e4m3", 4)
-    with pytest.raises(ValueError, match="bits wide"):
-        eq.Format("x", "e2m1", 8)
-    with pytest.raises(ValueError, match="unknown element"):
-        eq.Format("x", "e3m4", 8)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="unknown format name 'e3m4'"):
+        eq.Format("e3m4")
+    with pytest.raises(ValueError, match="fields are name, block_size, scale_dtype"):
+        eq.Format(8)
+    with pytest.raises(ValueError, match="MX format"):
+        eq.Format("mxfp8", 32, "float32")
+    with pytest.raises(TypeError, match="block_size"):
         eq.Format.int8(block_size=True)
-    mxint8 = eq.Format("mxint8", "int", 8, 32, "e8m0")  # OCP MXINT8: int8, E8M0 scale
+    with pytest.raises(ValueError, match="block_size"):
+        eq.Format.int8(block_size=1 << 40)
+    mxint8 = eq.Format("int8", 32, "e8m0")  # OCP MXINT8: int8, E8M0 scale
     assert mxint8.is_mx and mxint8.bits_per_element == 8.25
+    assert eq.Format("mxint8") == eq.Format("mxint8", 32, "e8m0")
+
+
+@pytest.mark.parametrize("text", ["int8", "int4/b16", "fp8_e4m3/f32", "fp8_e5m2/b64/f32",
+                                  "mxfp8", "mxfp4/b64", "int8/e8m0", "fp4_e2m1"])
+def test_format_names_round_trip(text):
+    fmt = eq.Format.parse(text)
+    assert str(fmt) == text and eq.Format.parse(str(fmt)) == fmt
+    assert eq.Format(fmt.name, fmt.block_size, fmt.scale_dtype) == fmt  # positional use
+
+
+def test_format_names_refused_clearly():
+    from equarx_ref.formats import format_label, parse_format
+
+    assert parse_format("bf16") is None and format_label(None) == "bf16"
+    assert parse_format("int8") == eq.Format.int8()
+    with pytest.raises(ValueError, match="cannot read 'q'"):
+        eq.Format.parse("int8/q")
+    with pytest.raises(ValueError, match="parse_format"):
+        eq.Format.parse("bf16")
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4", "int8_f32_b16"])
@@ -219,7 +239,7 @@ def test_wire_layout_and_packing():
         assert buf.shape == (blocks * fmt.bytes_per_block,) == (q.nbytes,)
         back = from_bytes(buf, fmt, x.shape)
         np.testing.assert_array_equal(eq.dequantize(back), eq.dequantize(q))
-        assert wire_nbytes(150, fmt) == buf.size
+        assert fmt.nbytes(150) == buf.size
     with pytest.raises(ValueError, match="does not hold"):
         from_bytes(jnp.zeros(7, jnp.uint8), eq.Format.int8(), (32,))
 
@@ -237,5 +257,5 @@ def test_gaussian_error_constant(name):
     fmt = FORMATS[name]
     x = jax.random.normal(jax.random.key(3), (1 << 16,))
     measured = float(jnp.linalg.norm(_roundtrip(fmt)(x) - x) / jnp.linalg.norm(x))
-    predicted = gaussian_relative_error(fmt)
+    predicted = eq.gaussian_relative_error(fmt)
     assert abs(measured / predicted - 1) < 0.03, (measured, predicted)

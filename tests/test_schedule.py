@@ -81,5 +81,5 @@ def test_bad_input():
         eq.make_schedule("tree", (4,))
     with pytest.raises(ValueError, match="pair of mesh axes"):
         eq.make_schedule("two_shot", (2, 2))
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="p must be >= 1"):
         eq.ring_schedule(0)
