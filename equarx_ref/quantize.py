@@ -66,7 +66,6 @@ __all__ = [
 ]
 
 _E8M0_BIAS = 127
-_FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 
 
 @jax.tree_util.register_dataclass
@@ -113,17 +112,23 @@ def _check_float(x: Any, what: str) -> jax.Array:
 # ---- exact comparisons ----------------------------------------------------------------------
 
 
-def _product_vs(coef, s: jax.Array, a: jax.Array) -> jax.Array:
-    """sign(coef * s - a), exactly, for f32 s, a >= 0 and coef with at most 12 significant bits.
+def _split(s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """s = head + tail exactly, head holding s's top 12 significant bits."""
+    head = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32)
+    return head, s - head
 
-    f32 cannot hold coef * s, so s is split into a 12-bit head and its exact remainder; both
+
+def _product_vs(coef, s: tuple[jax.Array, jax.Array], a: jax.Array) -> jax.Array:
+    """sign(coef * s - a), exactly, for s = `_split(s)`, a >= 0 and coef with <= 12 bits.
+
+    f32 cannot hold coef * s, so s comes split into a 12-bit head and its exact tail; both
     partial products are exact, and the head term lies within a factor 2 of `a` whenever the
     answer is close, where the subtraction is exact too (Sterbenz). XLA cannot spoil this: it
     never reassociates float sums, and fusing a multiply-add only removes a rounding.
     """
-    head = lax.bitcast_convert_type(
-        lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32)
-    return jnp.sign((coef * head - a) + coef * (s - head))
+    head, tail = s
+    return jnp.sign((coef * head - a) + coef * tail)
 
 
 # ---- scales --------------------------------------------------------------------------------
@@ -157,7 +162,7 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
     # and up while s does not: two steps each way cover the estimate's error.
     dtype = jnp.dtype(fmt.scale_dtype)
-    covers = lambda s: _product_vs(fmt.elem_max, s.astype(jnp.float32), amax) >= 0  # noqa: E731
+    covers = lambda s: _product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), amax) >= 0  # noqa: E731
     s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
     for _ in range(2):
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
@@ -190,97 +195,105 @@ def _apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array
 # ---- rounding onto the element grid ----------------------------------------------------------
 
 
-def _level_values(level: jax.Array, fmt: Format) -> jax.Array:
-    """Grid magnitude number `level` (0, 1, ... in increasing order) -> its value, f32."""
-    if fmt.is_int:
-        return level.astype(jnp.float32)
-    if fmt.element == "e2m1":  # levels 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6
-        e, m = level >> 1, (level & 1).astype(jnp.float32)
-        return jnp.where(e == 0, 0.5 * m, (2 + m) * _pow2(e - 2))
-    return lax.bitcast_convert_type(level.astype(jnp.uint8), _FP8[fmt.element]).astype(
-        jnp.float32)  # positive fp8 codes are the levels, in order
+def _ulp_exponent(q: jax.Array, fmt: Format) -> jax.Array:
+    """k with 2^k the spacing of a float grid at |q| (the subnormal range shares the lowest)."""
+    e = (lax.bitcast_convert_type(q, jnp.int32) >> 23 & 0xFF) - 127  # |q| in [2^e, 2^(e+1))
+    return jnp.maximum(e, fmt.min_exponent) - fmt.mant_bits
 
 
-def _levels(a: jax.Array, fmt: Format) -> jax.Array:
-    """Grid magnitudes |q| (exactly on the grid) -> their level numbers, int32."""
+def _neighbours(q: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(below, above, odd) for grid values q >= 0: the neighbouring grid values (q itself at
+    the grid's ends) and whether q's code is odd (its last mantissa bit; integers: q odd)."""
     if fmt.is_int:
-        return a.astype(jnp.int32)
-    if fmt.element == "e2m1":
-        return jnp.where(a < 2, 2 * a, jnp.where(a < 4, a + 2, a / 2 + 4)).astype(jnp.int32)
-    return lax.bitcast_convert_type(a.astype(_FP8[fmt.element]), jnp.uint8).astype(jnp.int32)
+        odd = q - 2 * jnp.floor(q * 0.5) == 1
+        return jnp.maximum(q - 1, 0), jnp.minimum(q + 1, fmt.elem_max), odd
+    k = _ulp_exponent(q, fmt)
+    step = _pow2(k)
+    # a normal power of two has the finer binade below it
+    power = (lax.bitcast_convert_type(q, jnp.int32) & 0x7FFFFF == 0) & (q > 2.0**fmt.min_exponent)
+    down = q - jnp.where(power, 0.5 * step, step)
+    ratio = q * _pow2(-k)  # exact: q is a whole number of steps
+    odd = ratio - 2 * jnp.floor(ratio * 0.5) == 1
+    return jnp.maximum(down, 0), jnp.minimum(q + step, fmt.elem_max), odd
 
 
 def _nearest_even(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax.Array:
     """round(x / s) to the nearest grid value, ties to even, exactly; f32 result.
 
     `v = x * fl(1/s)` is the quantizer's fast estimate; it can sit on the wrong side of a
-    midpoint by a rounding, so the level it gives is checked against both neighbouring
-    midpoints m with exact comparisons of |x| and m * s (`_product_vs`), and moved by one.
+    midpoint by a rounding, so the grid value q it gives is checked against the midpoints to
+    both neighbours with exact comparisons of |x| and midpoint * s (`_product_vs`), and moved
+    by one step where it must.
     """
-    a, top = jnp.abs(x), len(fmt.grid) - 1
-    level = _levels(_round_to_grid(jnp.abs(v), fmt, None), fmt)
-    here = _level_values(level, fmt)
-    s = s[..., None]
-    above = _product_vs((here + _level_values(jnp.minimum(level + 1, top), fmt)) * 0.5, s, a)
-    below = _product_vs((here + _level_values(jnp.maximum(level - 1, 0), fmt)) * 0.5, s, a)
-    odd = (level & 1) == 1
-    level = level + ((level < top) & ((above < 0) | ((above == 0) & odd))).astype(jnp.int32)
-    level = level - ((level > 0) & ((below > 0) | ((below == 0) & odd))).astype(jnp.int32)
-    return jnp.where(jnp.signbit(x), -1.0, 1.0) * _level_values(level, fmt)
+    a = jnp.abs(x)
+    q = jnp.abs(_round_to_grid(v, fmt, None))
+    down, up, odd = _neighbours(q, fmt)
+    s = _split(s[..., None])
+    above = _product_vs((q + up) * 0.5, s, a)  # < 0: a is past the upper midpoint
+    below = _product_vs((q + down) * 0.5, s, a)  # > 0: a is below the lower midpoint
+    q = jnp.where((up > q) & ((above < 0) | ((above == 0) & odd)), up, q)
+    q = jnp.where((down < q) & ((below > 0) | ((below == 0) & odd)), down, q)
+    return jnp.where(jnp.signbit(x), -q, q)
 
 
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
     """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
     v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
-    if key is None and fmt.element in _FP8:  # XLA's f32 -> fp8 cast rounds to nearest even
-        return v.astype(_FP8[fmt.element]).astype(jnp.float32)
-    if fmt.is_int:
-        step = None
-        r = v
-    else:
-        _, e = jnp.frexp(v)  # |v| in [2^(e-1), 2^e)
-        e = jnp.maximum(e - 1, fmt.min_exponent)  # subnormals share the smallest binade's step
-        step = _pow2(e - fmt.mant_bits)
-        r = v / step  # exact: division by a power of two
+    k = None if fmt.is_int else _ulp_exponent(v, fmt)
+    r = v if k is None else v * _pow2(-k)  # exact: a power of two
     if key is None:
         r = jnp.round(r)  # round half to even
     else:
         r = jnp.floor(r + jax.random.uniform(key, r.shape, jnp.float32))
-    r = r if step is None else r * step
+    r = r if k is None else r * _pow2(k)
     return jnp.clip(r, -fmt.elem_max, fmt.elem_max)
+
+
+def _float_codes(q: jax.Array, fmt: Format) -> jax.Array:
+    """Grid values of a float element (sign | exponent | mantissa, bias 1 - emin) -> int32 codes.
+
+    Read off q's f32 bits: the same code XLA's f32 -> fp8 cast gives for a value on the grid,
+    in a few integer operations (XLA:CPU converts fp8 slowly), and the only route for fp4.
+    """
+    m, emin = fmt.mant_bits, fmt.min_exponent
+    bits = lax.bitcast_convert_type(jnp.abs(q), jnp.int32)
+    e = (bits >> 23 & 0xFF) - 127
+    normal = e >= emin
+    mant = jnp.where(normal, bits >> (23 - m) & ((1 << m) - 1),
+                     (jnp.abs(q) * _pow2(jnp.asarray(m - emin))).astype(jnp.int32))
+    sign = jnp.signbit(q).astype(jnp.int32) << (fmt.elem_bits - 1)
+    return sign | jnp.where(normal, e - emin + 1, 0) << m | mant
+
+
+def _float_values(c: jax.Array, fmt: Format) -> jax.Array:
+    """Inverse of `_float_codes`: int32 codes -> f32 grid values."""
+    m, emin = fmt.mant_bits, fmt.min_exponent
+    e = c >> m & ((1 << (fmt.elem_bits - 1 - m)) - 1)
+    mant = c & ((1 << m) - 1)
+    significand = jnp.where(e > 0, mant + (1 << m), mant).astype(jnp.float32)
+    mag = significand * _pow2(jnp.maximum(e, 1) - 1 + emin - m)
+    return jnp.where(c >> (fmt.elem_bits - 1) & 1 == 1, -mag, mag)
 
 
 def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values [..., B] -> packed uint8 [..., B * elem_bits / 8]."""
-    if fmt.element == "int":
-        codes = q.astype(jnp.int8)
-    elif fmt.element == "e2m1":
-        a = jnp.abs(q)
-        idx = jnp.where(a < 2, 2 * a, jnp.where(a < 4, a + 2, a / 2 + 4)).astype(jnp.uint8)
-        codes = (idx | jnp.where(jnp.signbit(q), 8, 0).astype(jnp.uint8)).astype(jnp.uint8)
-    else:
-        codes = q.astype(_FP8[fmt.element])  # exact: q is on the grid
-    codes = lax.bitcast_convert_type(codes, jnp.uint8)
+    codes = q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt)
+    codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.uint8)
     if fmt.elem_bits == 8:
         return codes
     half = codes.shape[-1] // 2  # element i in the low nibble, element i + B/2 in the high one
-    return (codes[..., :half] & 0xF) | (codes[..., half:] << 4)
+    return codes[..., :half] | (codes[..., half:] << 4)
 
 
 def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
     """Packed uint8 [..., PB] -> grid values f32 [..., B]."""
     if fmt.elem_bits == 4:
         payload = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1)
-    if fmt.element == "int":
-        if fmt.elem_bits == 4:
-            return ((payload.astype(jnp.int32) ^ 8) - 8).astype(jnp.float32)
-        return lax.bitcast_convert_type(payload, jnp.int8).astype(jnp.float32)
-    if fmt.element == "e2m1":  # sign | exponent (2 bits) | mantissa (1 bit), bias 1
-        c = payload.astype(jnp.int32)
-        e, m = (c >> 1) & 3, (c & 1).astype(jnp.float32)
-        mag = jnp.where(e == 0, 0.5 * m, (2 + m) * (1 << e).astype(jnp.float32) * 0.25)
-        return jnp.where(c & 8, -mag, mag)
-    return lax.bitcast_convert_type(payload, _FP8[fmt.element]).astype(jnp.float32)
+    c = payload.astype(jnp.int32)
+    if fmt.is_int:  # two's complement of elem_bits bits
+        sign = 1 << (fmt.elem_bits - 1)
+        return ((c ^ sign) - sign).astype(jnp.float32)
+    return _float_values(c, fmt)
 
 
 # ---- public API ----------------------------------------------------------------------------
