@@ -201,7 +201,7 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         return _invariant(x, axes)
     sched = make_schedule(algorithm, shape)
     codec = _Codec(fmt, x.dtype)
-    length, pieces = layout(n, sched, codec.align, num_chunks)
+    length, pieces = layout(n, sched.num_chunks, codec.align, num_chunks)
     flat = jnp.pad(x.reshape(-1).astype(codec.acc), (0, sched.num_chunks * length - n))
     chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])

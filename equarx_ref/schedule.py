@@ -30,8 +30,8 @@ owner sums all p copies, then an all-gather. Each value is quantized exactly twi
 One-shot (Dong et al.). One all-gather of every device's whole vector; each device sums the p
 copies itself. p - 1 times the bytes of the vector, one quantization per value.
 
-Layout. `layout(n, schedule, align, num_chunks)` says where each value goes: the flattened input
-is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of `align` (the block
+Layout. `layout(n, schedule.num_chunks, align, num_chunks)` says where each value goes: the
+flattened input is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of `align` (the block
 size), so padding and chunk ownership depend only on the length, the devices and the block.
 Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces. An empty
 input has no chunks at all: nothing is padded, nothing sent.
@@ -265,15 +265,15 @@ def simulate(schedule: Schedule) -> list[list[Counter]]:
     return held
 
 
-def layout(n: int, schedule: Schedule, align: int, num_chunks: int = 1
+def layout(n: int, chunks: int, align: int, num_chunks: int = 1
            ) -> tuple[int, tuple[tuple[int, int], ...]]:
     """Chunk length L (a multiple of `align`) and the pipeline pieces `((start, length), ...)`.
 
-    Every chunk holds `L` values (zero-padded at the end); with `num_chunks=k` each chunk is cut
-    into at most k pieces of whole `align` units (never more pieces than units). n = 0 gives
-    L = 0 and no pieces.
+    `n` values are cut into `chunks` chunks (a schedule's `num_chunks`) of `L` values each,
+    zero-padded at the end; with `num_chunks=k` each chunk is cut into at most k pieces of whole
+    `align` units (never more pieces than units). n = 0 gives L = 0 and no pieces.
     """
-    units = -(-n // (schedule.num_chunks * align))  # aligned units per chunk
+    units = -(-n // (chunks * align))  # aligned units per chunk
     k = min(num_chunks, units)
     bounds = [units * j // k for j in range(k + 1)] if k else [0]
     pieces = tuple((a * align, (b - a) * align) for a, b in itertools.pairwise(bounds))
