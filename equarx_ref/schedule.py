@@ -31,10 +31,10 @@ One-shot (Dong et al.). One all-gather of every device's whole vector; each devi
 copies itself. p - 1 times the bytes of the vector, one quantization per value.
 
 Layout. `layout(n, schedule.num_chunks, align, num_chunks)` says where each value goes: the
-flattened input is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of `align` (the block
-size), so padding and chunk ownership depend only on the length, the devices and the block.
-Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces. An empty
-input has no chunks at all: nothing is padded, nothing sent.
+flattened input is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of
+`align` (the block size), so padding and chunk ownership depend only on the length, the devices
+and the block. Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces.
+An empty input has no chunks at all: nothing is padded, nothing sent.
 
 The all-gather phases are `all_gather` steps: each device contributes the chunks it owns and
 receives the others' (on a ring network this is p - 1 forwarding hops of the same bytes; JAX's
