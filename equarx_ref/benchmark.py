@@ -49,7 +49,7 @@ class Row:
     bits_per_element: float
     bytes_sent: int  # per device, from the compiled HLO
     bytes_model: int  # per device, from wire_bytes
-    byte_ratio: float  # bf16 ring bytes / these bytes
+    byte_ratio: float  # bf16 ring bytes / these bytes, both as sent (HLO)
     rel_error: float  # ||y - exact|| / ||exact||
     max_error: float  # max |y - exact|
     predicted_error: float
@@ -111,7 +111,7 @@ def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: in
 
     unquantized = next((k for k, f in formats.items() if f is None), None)
     base_key = ("ring", unquantized) if ("ring", unquantized) in times else None
-    base_bytes = wire_bytes(n, p, fmt=None, algorithm="ring", dtype="bfloat16")
+    base_bytes = wire_bytes(n, p, fmt=None, algorithm="ring", dtype="bfloat16")  # = its HLO
     rows = []
     for key in configs:
         algorithm, name = key
@@ -123,7 +123,7 @@ def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: in
         rows.append(Row(
             algorithm=algorithm, format=name,
             bits_per_element=16.0 if fmt is None else fmt.bits_per_element,
-            bytes_sent=sent, bytes_model=model, byte_ratio=base_bytes / model,
+            bytes_sent=sent, bytes_model=model, byte_ratio=base_bytes / sent,
             rel_error=float(np.linalg.norm(y - exact) / np.linalg.norm(exact)),
             max_error=float(np.abs(y - exact).max()),
             predicted_error=predicted_relative_error(p, fmt=fmt, algorithm=algorithm),

@@ -1,14 +1,50 @@
-"""The `equarx-ref` command: thin: it parses, calls the package, prints.
+"""equarx-ref: quantized AllReduce side by side: error, bytes on the wire, speed.
 
     equarx-ref demo     every algorithm x format side by side: bits, bytes, error, CPU time
     equarx-ref bench    quantize+dequantize throughput against a plain elementwise pass
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
+
+(This module only parses arguments, calls the package and prints; bad arguments end with one
+line naming the problem and exit status 2, before any work starts.)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from importlib import metadata
+
+from ._checks import count
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line ("equarx-ref demo: error: ..."), no usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer >= minimum, refused with the rule in one line."""
+    def parse(text: str) -> int:
+        try:
+            return count(int(text), "value", minimum=minimum)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}, got {text!r}") from None
+    return parse
+
+
+def _writable(text: str) -> str:
+    """An argparse type: a file path we can write (checked now, not after minutes of work)."""
+    if text == "-":
+        return text
+    parent = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text) or not os.path.isdir(parent) or not os.access(parent, os.W_OK) or \
+            (os.path.exists(text) and not os.access(text, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}")
+    return text
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -33,12 +69,16 @@ def _add_demo(sub) -> None:
                        "inputs: bits per element, bytes each device sends (from the compiled "
                        "HLO), byte ratio and CPU time against the unquantized bf16 ring, and "
                        "error against the exact sum beside the theory's prediction.")
-    p.add_argument("--devices", type=int, default=8, help="devices (default 8)")
-    p.add_argument("--size", type=int, default=1 << 18, help="values per device (default 2^18)")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per configuration")
-    p.add_argument("--json", metavar="PATH", default=None,
+    p.add_argument("--devices", type=_at_least(2), default=8,
+                   help="devices to reduce over, at least 2 (default 8)")
+    p.add_argument("--size", type=_at_least(1), default=1 << 18,
+                   help="values per device (default 2^18)")
+    p.add_argument("--repeats", type=_at_least(1), default=5,
+                   help="timed calls per configuration; the median is kept (default 5)")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
-    p.add_argument("--plot", metavar="PATH", default=None, help="save a figure (png, svg, pdf)")
+    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+                   help="save a figure (png, svg, pdf)")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -58,11 +98,12 @@ def _cmd_demo(args) -> int:
               f"{r.max_error:.2e}", f"{r.time_ratio:.2f}", r.note] for r in rows]
     print(_table(["algorithm", "format", "bits/el", "bytes/device", "vs bf16 ring",
                   "rel err", "theory", "max err", "CPU time", "note"], cells), file=out)
-    print("bytes/device: read from the compiled HLO (equal to eq.wire_bytes). vs bf16 ring: "
-          "bytes saved. rel err: ||y - exact|| / ||exact||, float64 exact sum. theory: "
-          "eq.predicted_relative_error (bf16 rows: no quantization, bf16 rounding only). "
-          "CPU time: median wall time relative to the unquantized bf16 ring, simulated devices "
-          "on this CPU (no real links: not a TPU speedup).", file=out)
+    print("bytes/device: read from the compiled HLO; equal to eq.wire_bytes except rows noted "
+          "'CPU: f32' (XLA:CPU runs a bf16 psum in f32: twice the bytes a TPU sends). vs bf16 "
+          "ring: bf16 ring bytes / these bytes, both as sent. rel err: ||y - exact|| / ||exact||, "
+          "float64 exact sum. theory: eq.predicted_relative_error (bf16 rows: no quantization, "
+          "bf16 rounding only). CPU time: median wall time relative to the unquantized bf16 "
+          "ring, simulated devices on this CPU (no real links: not a TPU speedup).", file=out)
     if args.json:
         _write_json(args.json, {"devices": devices.describe_devices(devs), "size": args.size,
                                 "rows": [dataclasses.asdict(r) for r in rows]})
@@ -75,10 +116,16 @@ def _cmd_demo(args) -> int:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="quantize+dequantize throughput against an elementwise pass")
-    p.add_argument("--mib", type=int, default=64, help="array size in MiB of f32 (default 64)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
+    p = sub.add_parser("bench", help="quantize+dequantize throughput against an elementwise pass",
+                       description="Time quantize+dequantize of a large f32 array against the "
+                       "cheapest pass over the same memory (x + 1), side by side in one run, "
+                       "for several formats. CPU timings on this machine.")
+    p.add_argument("--mib", type=_at_least(1), default=64,
+                   help="array size in MiB of f32 (default 64)")
+    p.add_argument("--repeats", type=_at_least(1), default=5,
+                   help="timed calls per format; the median is kept (default 5)")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the results as JSON ('-' for stdout)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -107,16 +154,17 @@ def _add_gemma(sub) -> None:
                        "with every AllReduce algorithm x wire format and compare each run with "
                        "the exact one: NLL, perplexity, dNLL, KL, top-1 agreement, and the "
                        "relative error at each AllReduce site.")
-    p.add_argument("--tp", type=int, default=4, help="tensor-parallel size (default 4)")
-    p.add_argument("--tokens", type=int, default=None,
+    p.add_argument("--tp", type=_at_least(1), default=4, help="tensor-parallel size (default 4)")
+    p.add_argument("--tokens", type=_at_least(2), default=None,
                    help="score only the first N tokens (default: the whole text)")
     p.add_argument("--text", type=argparse.FileType("r", encoding="utf-8"), default=None,
                    help="a UTF-8 text file to score (default: the built-in English text)")
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     p.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
-    p.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON "
-                   "('-' for stdout, then the table goes to stderr)")
-    p.add_argument("--plot", metavar="PATH", default=None, help="save a figure (png, svg, pdf)")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
+    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+                   help="save a figure (png, svg, pdf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_gemma)
 
@@ -137,13 +185,20 @@ def _cmd_gemma(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="equarx-ref", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="equarx-ref", description=__doc__.split("\n\n(")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {metadata.version('equarx-ref')}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_demo(sub)
     _add_bench(sub)
     _add_gemma(sub)
     args = parser.parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except (ValueError, ImportError) as e:  # bad input found by the package: one line
+        print(f"equarx-ref {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

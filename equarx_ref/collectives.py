@@ -157,7 +157,9 @@ def _axes(axis_name) -> tuple[str, ...]:
 
 
 def _invariant(x: jax.Array, axes) -> jax.Array:
-    """x itself, typed as identical on every device (a gather of one, or of nothing, is free)."""
+    """x itself, typed as identical on every device (a gather over one device is free)."""
+    if x.size == 0:
+        return jnp.zeros(x.shape, x.dtype)  # a constant: the same everywhere
     flat = x.reshape(-1)
     for a in axes:
         flat = lax.all_gather(flat, a, axis=0, tiled=True, to="invarying")

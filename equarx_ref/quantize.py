@@ -31,7 +31,8 @@ Edge cases, all deliberate:
   activation that matters. E8M0 scales reach 2^-127 and keep such blocks.
 - A finite block near f32's maximum stays finite: its largest element may round to a grid value
   just past 3.4e38, and dequantizing saturates it to the largest f32 (still within half a step).
-- A NaN or infinity in a block makes its amax, hence its scale, non-finite; the payload of such a
+- A NaN or infinity in a block makes its amax, hence its scale, non-finite (NaN is checked for
+  explicitly: XLA:CPU's vectorised max reduction can drop it); the payload of such a
   block is forced to 0 (casting NaN to an integer is undefined, and e4m3 would turn overflow into
   NaN), so the block dequantizes to 0 * inf = NaN: non-finite, whatever the payload. Other blocks
   are untouched.
@@ -308,7 +309,10 @@ def _blocks(x: jax.Array, fmt: Format) -> jax.Array:
 
 def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:
     """[..., blocks, B] f32 -> (payload uint8 [..., blocks, PB], stored scales [..., blocks])."""
-    amax = jnp.max(jnp.abs(xb), axis=-1)  # NaN if the block has a NaN
+    amax = jnp.max(jnp.abs(xb), axis=-1)
+    # XLA:CPU's vectorised max can drop a NaN (measured on jax 0.10.2: a [8, 8, 4, 32] max over
+    # the last axis lost it), so NaN is detected on its own: it must decide the block.
+    amax = jnp.where(jnp.isnan(xb).any(axis=-1), jnp.nan, amax)
     stored, s, inv = _scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]
     xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
@@ -331,6 +335,12 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
 
     Returns:
         A `Quantized` pytree; `dequantize` restores an f32 array of `x`'s shape.
+
+    Edge cases (module essay): an all-zero block comes back exact zeros; a block with a NaN or
+    Inf comes back all NaN, other blocks untouched; a block whose largest magnitude is below
+    about 1e-36 (int8; amax / elem_max under f32's smallest normal) comes back as zeros with
+    bf16 or f32 scales, because XLA:CPU flushes subnormals, while E8M0 (MX) scales keep it;
+    a finite block stays finite, even next to f32's maximum.
     """
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
