@@ -37,6 +37,7 @@ Gemma model's `all_reduce=`), and equal configurations share one compiled progra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -198,9 +199,17 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     check_algorithm(algorithm, fmt, shape, num_chunks)
     if algorithm == "psum":
         return lax.psum(x, axis_name)
-    n = math.prod(x.shape)
-    if n == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
+    if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return _invariant(x, axes)
+    return _run(x, axes, shape, fmt, algorithm, num_chunks)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _run(x, axes, shape, fmt, algorithm, num_chunks):
+    """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
+    `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
+    74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
+    n = x.size
     sched = make_schedule(algorithm, shape)
     codec = _Codec(fmt, x.dtype)
     length, pieces = layout(n, sched.num_chunks, codec.align, num_chunks)
