@@ -45,11 +45,13 @@ def setup_devices(n: int = 8) -> list[jax.Device]:
         return list(default[:n])
     cpu = jax.devices("cpu")
     if len(cpu) < n:
+        accel = "" if default[0].platform == "cpu" else \
+            f" and {len(default)} {default[0].platform.upper()} device(s)"
         raise RuntimeError(
-            f"JAX already started with {len(cpu)} CPU device(s) and {len(default)} "
-            f"{default[0].platform} device(s); {n} are needed. Call equarx_ref.setup_devices({n}) "
-            "first, before any other JAX operation (or set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before starting Python)."
+            f"JAX already started with {len(cpu)} CPU device(s){accel}; {n} are needed. Call "
+            f"equarx_ref.setup_devices({n}) first, before any other JAX operation (in a "
+            "notebook: restart the runtime), or set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before starting Python."
         )
     return list(cpu[:n])
 
@@ -60,9 +62,12 @@ def describe_devices(devices: list[jax.Device]) -> str:
     platform = devices[0].platform
     if platform == "cpu":
         accel = [d for d in jax.devices() if d.platform != "cpu"]
-        why = (f"{len(accel)} {accel[0].device_kind} present, fewer than {len(devices)}"
-               if accel else "no accelerator present")
-        return f"{len(devices)} simulated CPU devices ({why})"
+        if not accel:
+            return f"{len(devices)} simulated CPU devices (no accelerator present)"
+        return (f"{len(devices)} simulated CPU devices: {len(accel)} {accel[0].device_kind} "
+                f"present, fewer than {len(devices)}, so the collectives run on CPU (same "
+                f"numerics, CPU timings); single-chip work can still use the "
+                f"{accel[0].platform.upper()} via jax.devices()[0]")
     return f"{len(devices)} x {', '.join(sorted(kinds))} ({platform})"
 
 
