@@ -163,7 +163,10 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
     # and up while s does not: two steps each way cover the estimate's error.
     dtype = jnp.dtype(fmt.scale_dtype)
-    covers = lambda s: _product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), amax) >= 0  # noqa: E731
+
+    def covers(s):  # s * elem_max >= amax, exactly
+        return _product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), amax) >= 0
+
     s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
     for _ in range(2):
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
