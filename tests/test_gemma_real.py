@@ -274,8 +274,9 @@ def test_truncated_packaged_gguf_is_refused(tmp_path, size):
         dst.write(src.read(n))
     with pytest.raises(ValueError, match=f"truncated or corrupt GGUF: {short}"):
         load_gguf(short, cache=False)
-    with pytest.raises(ValueError, match=f"truncated or corrupt GGUF: {short}"):
-        Tokenizer.from_gguf(short, cache=False)
+    if size == "4 KiB":                  # half a file: gguf parses 262k tokens first (~10 s)
+        with pytest.raises(ValueError, match=f"truncated or corrupt GGUF: {short}"):
+            Tokenizer.from_gguf(short, cache=False)
 
 
 def _entry(cache, kind):
