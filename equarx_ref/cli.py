@@ -147,20 +147,32 @@ def _cmd_bench(args) -> int:
 
 
 def _add_gemma(sub) -> None:
-    from .gemma.quality import ALGORITHMS, FORMATS
+    from .collectives import ALGORITHMS
+    from .formats import FORMAT_NAMES, UNQUANTIZED, format_label, parse_format
+    from .gemma.quality import DEFAULT_FORMATS
+
+    def fmt_name(text):
+        try:
+            return format_label(parse_format(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     p = sub.add_parser("gemma", help="quality of quantized TP communication on Gemma 3 270M",
                        description="Run Gemma 3 270M (real weights, float32) tensor-parallel "
                        "with every AllReduce algorithm x wire format and compare each run with "
-                       "the exact one: NLL, perplexity, dNLL, KL, top-1 agreement, and the "
-                       "relative error at each AllReduce site.")
-    p.add_argument("--tp", type=_at_least(1), default=4, help="tensor-parallel size (default 4)")
-    p.add_argument("--tokens", type=_at_least(2), default=None,
-                   help="score only the first N tokens (default: the whole text)")
+                       "the exact one: NLL, perplexity, dNLL with its paired standard error, KL, "
+                       "top-1 agreement, and the relative error at each AllReduce site.")
+    p.add_argument("--tp", type=_at_least(1), default=4,
+                   help="tensor-parallel size, a divisor of the 4 query heads (default 4)")
+    p.add_argument("--tokens", type=_at_least(3), default=None,
+                   help="score only the first N tokens, N >= 3 (default: the whole text)")
     p.add_argument("--text", type=argparse.FileType("r", encoding="utf-8"), default=None,
                    help="a UTF-8 text file to score (default: the built-in English text)")
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
-    p.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT",
+                   default=list(DEFAULT_FORMATS),
+                   help=f"wire formats: {UNQUANTIZED} (unquantized), {', '.join(FORMAT_NAMES)}, "
+                   f"or a variant such as int4/b16 (default: {' '.join(DEFAULT_FORMATS)})")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
     p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
@@ -170,17 +182,17 @@ def _add_gemma(sub) -> None:
 
 
 def _cmd_gemma(args) -> int:
-    from .gemma import quality
+    from .gemma import figures, quality, report
 
-    report = quality.evaluate_text(None if args.text is None else args.text.read(), tp=args.tp,
-                                   max_tokens=args.tokens, algorithms=args.algorithms,
-                                   formats=args.formats, progress=not args.no_progress)
-    table = quality.format_table(report)
-    print(table, file=sys.stderr if args.json == "-" else sys.stdout)
+    result = quality.evaluate_text(None if args.text is None else args.text.read(),
+                                   tp=args.tp, max_tokens=args.tokens,
+                                   algorithms=args.algorithms, formats=args.formats,
+                                   progress=not args.no_progress)  # ValueError: one line (main)
+    print(report.format_table(result), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
-        _write_json(args.json, report)
+        _write_json(args.json, result)
     if args.plot:
-        quality.plot_report(report, args.plot)
+        figures.plot_report(result, args.plot)
     return 0
 
 

@@ -2,7 +2,14 @@
 
     config, params = load_gguf()                 # Gemma 3 270M, offline, float32
     tok = Tokenizer.from_gguf()
-    logits = forward(params, [tok.encode(text)], config, mesh=mesh, all_reduce=my_all_reduce)
+    logits = forward(params, [tok.encode(text)], config, mesh=mesh,
+                     all_reduce=eq.AllReduce(fmt=eq.Format.int8(), algorithm="ring"))
+
+The model: `config` (shapes, presets), `model` (one shard's decoder), `parallel` (sharding and
+`forward`). The files: `gguf_file` (open and read a GGUF), `weights`, `tokenizer`, `cache` (what
+is derived from a file, stored under its sha256). The measurement: `scoring` (per-token NLL, KL,
+top-1; AllReduce site error), `quality` (every algorithm x format against the exact run),
+`report` (text table), `figures`, `crosscheck` (against Hugging Face transformers).
 
 `gguf` and `tokenizers` (extra `gemma`) are imported only when weights or the tokenizer load.
 """

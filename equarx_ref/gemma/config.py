@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["PRESETS", "Gemma3Config"]
+from .._checks import count
+
+__all__ = ["PRESETS", "Gemma3Config", "check_params"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Gemma3Config:
         global_rope_scale: linear RoPE scaling factor of global layers (positions divided by it).
         global_every: layer `i` is global when `(i + 1) % global_every == 0`.
         norm_eps: RMSNorm epsilon.
+        context_length: the longest sequence the model was trained for (a GGUF's
+            `gemma3.context_length`); `forward` refuses longer ones.
     """
 
     name: str = "custom"
@@ -60,13 +64,12 @@ class Gemma3Config:
     global_rope_scale: float = 1.0
     global_every: int = 6
     norm_eps: float = 1e-6
+    context_length: int = 32768
 
     def __post_init__(self):
         for f in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
-                  "head_dim", "hidden_dim", "sliding_window", "global_every"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Gemma3Config.{f} must be a positive integer, got {v!r}")
+                  "head_dim", "hidden_dim", "sliding_window", "global_every", "context_length"):
+            object.__setattr__(self, f, count(getattr(self, f), f"Gemma3Config.{f}"))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -150,9 +153,9 @@ class Gemma3Config:
         """Number of parameters (embedding counted once: the output projection is tied)."""
         import numpy as np
 
-        def count(t):
-            return sum(count(v) for v in t.values()) if isinstance(t, dict) else int(np.prod(t))
-        return count(self.param_shapes())
+        def size(t):
+            return sum(size(v) for v in t.values()) if isinstance(t, dict) else int(np.prod(t))
+        return size(self.param_shapes())
 
     def allreduce_sites(self, tokens: int, bytes_per_element: float = 2.0) -> dict:
         """Where the TP AllReduces sit and how big they are for a prefill of `tokens` tokens.
@@ -161,24 +164,45 @@ class Gemma3Config:
             dict with `count` (AllReduces per forward), `elements` (per AllReduce),
             `bytes` (per AllReduce at `bytes_per_element`), `total_bytes` (per forward).
         """
-        count = 2 * self.num_layers
+        sites = 2 * self.num_layers
         elements = tokens * self.embed_dim
         nbytes = elements * bytes_per_element
-        return {"count": count, "elements": elements, "bytes": nbytes,
-                "total_bytes": count * nbytes}
+        return {"count": sites, "elements": elements, "bytes": nbytes,
+                "total_bytes": sites * nbytes}
 
 
-def _c(name, D, L, N, K, H, F, window, qpas, scale):
+def check_params(params: dict, config: Gemma3Config) -> None:
+    """Raise ValueError unless `params` has exactly the names and shapes `config` implies."""
+    want = config.param_shapes()
+    layers = params.get("layers") if isinstance(params, dict) else None
+    if not isinstance(params, dict) or set(params) != set(want) or \
+            not isinstance(layers, dict) or set(layers) != set(want["layers"]):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"Gemma 3 params must have keys {sorted(want)} with layers "
+                         f"{sorted(want['layers'])}; got {got}")
+    bad = []
+    for name, shape in [("embed", want["embed"]), ("final_norm", want["final_norm"])] + \
+            [(f"layers.{k}", s) for k, s in want["layers"].items()]:
+        arr = params[name] if "." not in name else params["layers"][name.split(".")[1]]
+        if tuple(arr.shape) != tuple(shape):
+            bad.append(f"{name}: expected {tuple(shape)}, got {tuple(arr.shape)}")
+    if bad:
+        raise ValueError(f"params do not match Gemma3Config({config.name}): " + "; ".join(bad))
+
+
+def _c(name, D, L, N, K, H, F, window, qpas, scale, context):
     return Gemma3Config(name=name, embed_dim=D, num_layers=L, num_heads=N, num_kv_heads=K,
                         head_dim=H, hidden_dim=F, sliding_window=window,
-                        query_pre_attn_scalar=float(qpas), global_rope_scale=scale)
+                        query_pre_attn_scalar=float(qpas), global_rope_scale=scale,
+                        context_length=context)
 
 
-#: The published Gemma 3 text decoders (google-deepmind/gemma `gm/nn`, HF `models/gemma3`).
+#: The published Gemma 3 text decoders (google-deepmind/gemma `gm/nn`, HF `models/gemma3`);
+#: context: 32K tokens for 270M and 1B, 128K from 4B up (Gemma 3 technical report).
 PRESETS: dict[str, Gemma3Config] = {
-    "270m": _c("270m", 640, 18, 4, 1, 256, 2048, 512, 256, 1.0),
-    "1b": _c("1b", 1152, 26, 4, 1, 256, 6912, 512, 256, 1.0),
-    "4b": _c("4b", 2560, 34, 8, 4, 256, 10240, 1024, 256, 8.0),
-    "12b": _c("12b", 3840, 48, 16, 8, 256, 15360, 1024, 256, 8.0),
-    "27b": _c("27b", 5376, 62, 32, 16, 128, 21504, 1024, 168, 8.0),
+    "270m": _c("270m", 640, 18, 4, 1, 256, 2048, 512, 256, 1.0, 32768),
+    "1b": _c("1b", 1152, 26, 4, 1, 256, 6912, 512, 256, 1.0, 32768),
+    "4b": _c("4b", 2560, 34, 8, 4, 256, 10240, 1024, 256, 8.0, 131072),
+    "12b": _c("12b", 3840, 48, 16, 8, 256, 15360, 1024, 256, 8.0, 131072),
+    "27b": _c("27b", 5376, 62, 32, 16, 128, 21504, 1024, 168, 8.0, 131072),
 }

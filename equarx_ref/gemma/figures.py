@@ -1,17 +1,21 @@
-"""Figures for the Gemma chapter: the tensor-parallel layout and the size of its AllReduces.
+"""Figures for the Gemma chapter: the tensor-parallel layout, the size of its AllReduces, and
+the quality report.
 
 `draw_tp_layout` draws one decoder block as `p` device columns: what slice of each weight a
 device holds, and the two places where the columns must meet (the AllReduces after `o_proj` and
 after `down_proj`, before the post-norms). `plot_allreduce_sizes` shows how big those messages
 are for the published models: `tokens * D` values each, `2 L` of them per forward.
+`plot_report` draws what `quality.evaluate` measured: dNLL with its noise, top-1 agreement, and
+the AllReduce error layer by layer.
 """
 
 from __future__ import annotations
 
+from ..formats import UNQUANTIZED
 from .config import PRESETS, Gemma3Config
 from .parallel import tp_size_error
 
-__all__ = ["draw_tp_layout", "plot_allreduce_sizes"]
+__all__ = ["draw_tp_layout", "plot_allreduce_sizes", "plot_report"]
 
 
 def _ranges(n: int, p: int, d: int) -> str:
@@ -105,3 +109,50 @@ def plot_allreduce_sizes(tokens: int = 2048, bits=(16, 8.5, 4.5), ax=None):
     ax.set_title(f"AllReduce traffic of one prefill of {tokens} tokens")
     ax.legend()
     return ax
+
+
+def plot_report(report: dict, path=None):
+    """dNLL (+- 2 SE) and top-1 agreement per run, and site error per layer (matplotlib).
+
+    Returns the figure; saves it to `path` if given.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    labels = [r["label"].replace(" (CPU: f32)", "*") for r in rows]
+    colors = {}
+    for r in rows:                                  # bf16 grey, formats in order of appearance
+        colors.setdefault(r["format"], "0.55" if r["format"] == UNQUANTIZED else
+                          f"C{len(colors)}")
+    c = [colors[r["format"]] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax[0].barh(labels, [r["dnll"] for r in rows], xerr=[2 * r["dnll_se"] for r in rows],
+               color=c, error_kw={"lw": 1, "capsize": 2})
+    ax[0].axvline(0, color="k", lw=0.8)
+    ax[0].set_xscale("symlog", linthresh=1e-3)
+    ax[0].set_xlabel("dNLL +- 2 SE (nats per token)")
+    ax[0].invert_yaxis()
+    ax[1].barh(labels, [r["top1"] for r in rows], color=c)
+    ax[1].set_xlim(min(50, min(r["top1"] for r in rows)), 100)
+    ax[1].set_xlabel("top-1 agreement with exact run (%)")
+    ax[1].invert_yaxis()
+    ax[1].set_yticklabels([])
+    shown = set()
+    for r, col in zip(rows, c, strict=True):
+        first = r["format"] not in shown
+        shown.add(r["format"])
+        ax[2].semilogy(r["site_err_mlp"], color=col, alpha=0.6,
+                       label=r["format"] if first else None)
+    ax[2].set_xlabel("layer")
+    ax[2].set_ylabel("relative error after down_proj")
+    ax[2].legend()
+    m = report["meta"]
+    fig.suptitle(f"{m['model']}, TP={m['tp']}, {m['scored']} tokens: quantized AllReduce quality")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -32,12 +32,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .config import Gemma3Config
+from .config import Gemma3Config, check_params
 from .model import decoder, rms_norm
 
-__all__ = ["ShardedParams", "check_params", "forward", "shard_params", "tp_size_error"]
+__all__ = ["ShardedParams", "forward", "forward_with_partials", "shard_params", "tp_size_error"]
 
-AllReduce = Callable[[jax.Array, str], jax.Array]
+ReduceFn = Callable[[jax.Array, str], jax.Array]
 
 
 class ShardedParams(NamedTuple):
@@ -46,25 +46,6 @@ class ShardedParams(NamedTuple):
     tree: dict
     mesh: Mesh
     config: Gemma3Config
-
-
-def check_params(params: dict, config: Gemma3Config) -> None:
-    """Raise ValueError unless `params` has exactly the names and shapes `config` implies."""
-    want = config.param_shapes()
-    layers = params.get("layers") if isinstance(params, dict) else None
-    if not isinstance(params, dict) or set(params) != set(want) or \
-            not isinstance(layers, dict) or set(layers) != set(want["layers"]):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise ValueError(f"Gemma 3 params must have keys {sorted(want)} with layers "
-                         f"{sorted(want['layers'])}; got {got}")
-    bad = []
-    for name, shape in [("embed", want["embed"]), ("final_norm", want["final_norm"])] + \
-            [(f"layers.{k}", s) for k, s in want["layers"].items()]:
-        arr = params[name] if "." not in name else params["layers"][name.split(".")[1]]
-        if tuple(arr.shape) != tuple(shape):
-            bad.append(f"{name}: expected {tuple(shape)}, got {tuple(arr.shape)}")
-    if bad:
-        raise ValueError(f"params do not match Gemma3Config({config.name}): " + "; ".join(bad))
 
 
 def tp_size_error(config: Gemma3Config, p: int) -> str | None:
@@ -138,20 +119,35 @@ def shard_params(params: dict, config: Gemma3Config, mesh: Mesh) -> ShardedParam
 
 
 def _check_tokens(tokens, config: Gemma3Config):
+    """Shape, dtype and length always; the id range only for concrete (not traced) tokens."""
+    tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] > config.context_length:
+        raise ValueError(f"{tokens.shape[1]} tokens exceed the context of Gemma 3 {config.name} "
+                         f"({config.context_length} tokens)")
     if not isinstance(tokens, jax.core.Tracer) and tokens.size and \
             (int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab_size):
         raise ValueError(f"token ids must lie in [0, {config.vocab_size}), "
                          f"got [{tokens.min()}, {tokens.max()}]")
+    return tokens
+
+
+def _poison_unknown(x, tokens, vocab_size: int):
+    """NaN where the id is outside the vocabulary: under an outer jit the ids cannot be checked
+    before they run, and a silent wrong row (jnp.take wraps -1 to the last row, a sharded lookup
+    finds no owner and gives zeros) would give plausible logits."""
+    ok = (tokens >= 0) & (tokens < vocab_size)                                     # [B, S]
+    return jnp.where(ok[..., None], x, jnp.nan)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _forward_single(params, tokens, config: Gemma3Config):
     x = jnp.take(params["embed"], tokens, axis=0) * jnp.asarray(math.sqrt(config.embed_dim),
                                                                jnp.float32)  # [B, S, D]
+    x = _poison_unknown(x, tokens, config.vocab_size)
     x = decoder(x, params["layers"], config, reduce=lambda a: a)
     x = rms_norm(x, params["final_norm"], config.norm_eps)
     return jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V]
@@ -172,6 +168,7 @@ def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, re
         rows = jnp.take(params["embed"], jnp.clip(local, 0, Vl - 1), axis=0)       # [B, S, D]
         x = lax.psum(jnp.where(ok[..., None], rows, 0.0), axis)                    # exact
         x = x * jnp.asarray(math.sqrt(config.embed_dim), jnp.float32)
+        x = _poison_unknown(x, tokens, config.vocab_size)
         out = decoder(x, params["layers"], config, reduce=reduce, record=record)
         x, parts = out if record else (out, None)
         x = rms_norm(x, params["final_norm"], config.norm_eps)
@@ -189,7 +186,7 @@ def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, re
 
 
 def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = None,
-            all_reduce: AllReduce | None = None) -> jax.Array:
+            all_reduce: ReduceFn | None = None) -> jax.Array:
     """Logits of Gemma 3 for `tokens` `[batch, seq]`: `[batch, seq, vocab]`, float32.
 
     Args:
@@ -200,18 +197,27 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
         mesh: a 1-D mesh; its axis is the tensor-parallel axis. None: one device, no
             communication.
         all_reduce: `(x, axis_name) -> x` used at the two reduction sites of every layer (after
-            `o_proj` and after `down_proj`), e.g. `functools.partial(eq.all_reduce,
-            fmt=eq.Format.int8(), algorithm="ring")`. None means `lax.psum`.
+            `o_proj` and after `down_proj`), e.g. `eq.AllReduce(fmt=eq.Format.int8(),
+            algorithm="ring")`. None means `lax.psum`. It is a static argument of the compiled
+            forward: an `eq.AllReduce` hashes by value, so equal ones share one compilation; a
+            lambda or `functools.partial` hashes by identity and compiles anew for every new
+            object.
 
     Returns:
         Logits `[batch, seq, vocab]`; with a mesh, sharded over the vocabulary.
 
     Raises:
         ValueError: wrong parameter names/shapes, a mesh that is not 1-D, a TP size that does
-            not divide the heads, or `all_reduce` without a mesh.
+            not divide the heads, `all_reduce` without a mesh, more tokens than
+            `config.context_length`, or ids outside `[0, vocab_size)`.
+
+    Under an outer `jax.jit` the token values are not known when `forward` runs, so only the
+    shape, dtype and length are checked; an id outside the vocabulary then makes the logits of
+    its whole sequence NaN (its embedding is NaN, and attention multiplies it into every
+    position, if only by a zero weight), on one device and under tensor parallelism alike; the
+    other sequences of the batch are unaffected.
     """
-    tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
-    _check_tokens(tokens, config)
+    tokens = _check_tokens(tokens, config)
     if mesh is None:
         if all_reduce is not None:
             raise ValueError("all_reduce needs a mesh: without one there is nothing to reduce")
@@ -232,8 +238,8 @@ def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None):
         (logits, parts) with parts["attn"], parts["mlp"] of shape `[p, L, batch, seq, D]`
         (device d's partial of layer l at `[d, l]`), sharded over devices.
     """
-    tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
-    _check_tokens(tokens, config)
+    tokens = _check_tokens(tokens, config)
+    _axis(mesh)
     placed = shard_params(params, config, mesh).tree
     tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
     return _forward_tp(placed, tokens, config, mesh, all_reduce, True)
