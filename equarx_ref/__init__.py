@@ -7,6 +7,7 @@ The public API is re-exported here; nothing is defined in this file. The heavy p
 import importlib
 
 from .collectives import ALGORITHMS, AllReduce, all_reduce
+from .cost import CHIPS, Chip, best_num_chunks, predicted_time
 from .devices import describe_devices, make_mesh, setup_devices
 from .formats import FORMAT_NAMES, Format, format_label, parse_format
 from .hlo import hlo_wire_bytes
@@ -42,14 +43,17 @@ def __getattr__(name):
 
 __all__ = [
     "ALGORITHMS",
+    "CHIPS",
     "FORMAT_NAMES",
     "AllReduce",
+    "Chip",
     "Format",
     "Quantized",
     "Schedule",
     "Step",
     "Transfer",
     "all_reduce",
+    "best_num_chunks",
     "bidir_ring_schedule",
     "dequantize",
     "describe_devices",
@@ -63,6 +67,7 @@ __all__ = [
     "one_shot_schedule",
     "parse_format",
     "predicted_relative_error",
+    "predicted_time",
     "quantize",
     "quantized_sizes",
     "ring_schedule",

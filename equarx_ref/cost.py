@@ -1,0 +1,233 @@
+"""Time: what an AllReduce costs on a TPU slice, modelled, since no TPU is at hand to time it.
+
+The model walks the same phases as the schedule (`predict.py` counts their bytes) and prices
+each with three numbers of the chip:
+
+    link   a message of b bytes over one hop:    alpha + b / W      (W one way, per link)
+    HBM    a pass that reads and writes m bytes:  m / H              (dequantize, add, quantize)
+    pipe   k pieces per hop: compute and link overlap
+
+Phases, for n values over p chips on a ring with wraparound (a torus axis), chunk length L:
+
+    reduce-scatter  p - 1 hops; a hop sends one encoded chunk (bidirectional ring: two half
+                    chunks, one per link direction, at once) and the receiver dequantizes it,
+                    adds its own chunk in f32 and quantizes the sum: one HBM pass of
+                    2 x encoded(L) + L x input bytes.
+    all-gather      each owner's chunk, encoded once, reaches everyone: (p - 1) chunks arrive
+                    over both link directions, ceil((p - 1) / 2) hops; then one decode pass.
+    all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction.
+
+Pipelining cuts each chunk into k pieces (`num_chunks`). With q and m the compute and link
+time of one piece on one hop, S hops take
+
+    T(k) = max(S k max(q, m) + min(q, m),  S (q + m))
+
+the first term the busiest resource kept busy (fill and drain included), the second the chain
+of one piece through all hops (at k = 1 nothing overlaps: S (q + m)). Every piece pays alpha,
+so the best k balances hidden compute against added latency: `best_num_chunks`.
+
+What the model leaves out: contention from other traffic, the real DMA engines and their
+descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
+pass. Its TPU figures are modelled, not measured; `Chip` also takes measured figures (the
+multi-host benchmark builds one from its links) so the same formulas can be held against a run.
+
+Chip figures: jax-ml/scaling-book, "How to Scale Your Model", part 2 (TPUs): HBM bandwidth and
+bf16 FLOP/s per chip, ICI bandwidth per link one way; pod shapes from the same table. The per-hop
+latency of about 1 us is the book's part 3 (sharding) rule of thumb: an estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+from ._checks import count
+from .formats import Format
+from .predict import check_algorithm, device_shape, encoded_bytes
+from .schedule import layout
+
+__all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "phases", "predicted_time"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """The figures the time model needs, each per chip.
+
+    Attributes:
+        name: e.g. "TPU v5e".
+        link_bandwidth: bytes/s one way over one link (ICI).
+        hop_latency: seconds per hop (alpha).
+        hbm_bandwidth: bytes/s of an elementwise pass over memory.
+        peak_flops: bf16 FLOP/s (for compute-bound work such as a model's matmuls).
+        links: links per chip (4 on a 2D torus, 6 on a 3D one).
+        torus: the largest slice's shape.
+        source: where the figures come from.
+    """
+
+    name: str
+    link_bandwidth: float
+    hop_latency: float
+    hbm_bandwidth: float
+    peak_flops: float
+    links: int = 4
+    torus: tuple[int, ...] = ()
+    source: str = ""
+
+    def __post_init__(self):
+        for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"Chip.{field} must be positive, got {getattr(self, field)!r}")
+        if not self.hop_latency >= 0:
+            raise ValueError(f"Chip.hop_latency must be >= 0, got {self.hop_latency!r}")
+
+
+_BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of chip figures"
+_HOP = "hop latency ~1 us: an estimate (scaling-book part 3)"
+CHIPS = {
+    # name: ICI one way per link, hop latency, HBM bandwidth, bf16 FLOP/s; links; pod shape
+    "v4": Chip("TPU v4", 4.5e10, 1e-6, 1.2e12, 2.75e14, 6, (16, 16, 16), f"{_BOOK}; {_HOP}"),
+    "v5e": Chip("TPU v5e", 5e10, 1e-6, 8.1e11, 1.97e14, 4, (16, 16), f"{_BOOK}; {_HOP}"),
+    "v5p": Chip("TPU v5p", 1e11, 1e-6, 2.8e12, 4.59e14, 6, (16, 20, 28), f"{_BOOK}; {_HOP}"),
+    "v6e": Chip("TPU v6e", 1e11, 1e-6, 1.6e12, 9.2e14, 4, (16, 16), f"{_BOOK}; {_HOP}"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One phase of an AllReduce as the model prices it.
+
+    Attributes:
+        name: "reduce-scatter", "all-gather", "all-to-all", "encode", "decode" ...
+        hops: sequential hops (0 for a pass over memory only).
+        link_bytes: bytes on the busiest link direction per hop (per piece: divide by pieces).
+        hbm_bytes: bytes read and written per hop (or in total when hops == 0).
+        pipelined: whether its hops are cut into `num_chunks` pieces.
+    """
+
+    name: str
+    hops: int
+    link_bytes: float
+    hbm_bytes: float
+    pipelined: bool = False
+
+
+def _chip(chip) -> Chip:
+    if isinstance(chip, Chip):
+        return chip
+    if chip not in CHIPS:
+        raise ValueError(f"unknown chip {chip!r}; choose one of {sorted(CHIPS)} or pass a Chip")
+    return CHIPS[chip]
+
+
+def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
+           num_chunks: int = 1) -> list[Phase]:
+    """The phases `predicted_time` prices, in order (a ring: reduce-scatter, all-gather, decode).
+
+    `p` may be a pair (2D torus: a ring along axis 0, then along axis 1, gathers back).
+    """
+    n = count(n, "n (values)", minimum=0)
+    shape = device_shape(p)
+    check_algorithm(algorithm, fmt, shape, num_chunks)
+    total = math.prod(shape)
+    if algorithm == "psum":  # XLA's own AllReduce: a bidirectional ring, no quantization
+        algorithm, fmt = "bidir_ring", None
+    if n == 0 or total == 1:
+        return []
+    itemsize = jnp.dtype(dtype).itemsize
+    enc_all = encoded_bytes(n, fmt, dtype)
+    out: list[Phase] = []
+    if algorithm in ("ring", "bidir_ring"):
+        d = 2 if algorithm == "bidir_ring" else 1
+        chunk = layout(n, total * d, fmt.block_size if fmt else 1, 1)[0]
+        # along each axis in turn: messages hold the chunks still to be split further
+        lead = total
+        for q in shape:
+            lead //= q
+            enc = encoded_bytes(chunk * lead, fmt, dtype)
+            out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
+                             d * (2 * enc + chunk * lead * itemsize), pipelined=True))
+        lead = 1
+        for q in reversed(shape):
+            enc = encoded_bytes(chunk * lead, fmt, dtype) * d
+            out.append(Phase(f"all-gather (axis of {q})", math.ceil((q - 1) / 2),
+                             (q - 1) * enc / 2 / math.ceil((q - 1) / 2), 0.0))
+            lead *= q
+        if fmt is not None:  # unquantized, the gather writes the output directly
+            out.append(Phase("decode", 0, 0.0, enc_all + n * itemsize))
+        return out
+    (p,) = shape
+    if algorithm == "two_shot":
+        chunk = layout(n, p, fmt.block_size if fmt else 1, 1)[0]
+        enc = encoded_bytes(chunk, fmt, dtype)
+        per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
+        out += [Phase("encode", 0, 0.0, n * itemsize + p * enc),
+                Phase("all-to-all", p // 2, per_link / (p // 2), 0.0),
+                Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc),
+                Phase("all-gather", math.ceil((p - 1) / 2),
+                      (p - 1) * enc / 2 / math.ceil((p - 1) / 2), 0.0),
+                Phase("decode", 0, 0.0, p * enc + n * itemsize)]
+        return out
+    # one_shot: every input to everyone, summed everywhere
+    out += [Phase("encode", 0, 0.0, n * itemsize + enc_all),
+            Phase("all-gather", math.ceil((p - 1) / 2),
+                  (p - 1) * enc_all / 2 / math.ceil((p - 1) / 2), 0.0),
+            Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize)]
+    return out
+
+
+def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
+    if ph.hops == 0:
+        return ph.hbm_bytes / chip.hbm_bandwidth
+    k = k if ph.pipelined else 1
+    m = chip.hop_latency + ph.link_bytes / k / chip.link_bandwidth
+    q = ph.hbm_bytes / k / chip.hbm_bandwidth
+    s = ph.hops
+    return max(s * k * max(q, m) + min(q, m), s * (q + m))
+
+
+def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
+                   num_chunks: int = 1, dtype="bfloat16") -> float:
+    """Modelled seconds for an AllReduce of `n` values of `dtype` over `p` chips (module essay).
+
+    `chip` is a key of `CHIPS` ("v5e", ...) or a `Chip`. A modelled figure, not a measurement.
+    """
+    c = _chip(chip)
+    return sum(_phase_time(ph, c, num_chunks) for ph in phases(
+        n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks))
+
+
+def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,
+                    dtype="bfloat16", max_chunks: int = 256) -> int:
+    """The pipeline depth (a power of two up to `max_chunks`) the model finds fastest."""
+    if algorithm not in ("ring", "bidir_ring"):
+        return 1
+    depths = [1 << i for i in range(int(math.log2(count(max_chunks, "max_chunks"))) + 1)]
+    return min(depths, key=lambda k: predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip,
+                                                    num_chunks=k, dtype=dtype))
+
+
+def crossover_bytes(p, *, fmt: Format, algorithm: str, chip, dtype="bfloat16") -> int:
+    """The smallest message (bytes of `dtype`) from which `fmt` beats the unquantized run of the
+    same algorithm in the model, each at its best pipeline depth; 0 if it always wins."""
+    itemsize = jnp.dtype(dtype).itemsize
+
+    def wins(nbytes):
+        n = max(1, nbytes // itemsize)
+        t = {f: predicted_time(n, p, fmt=f, algorithm=algorithm, chip=chip, dtype=dtype,
+                               num_chunks=best_num_chunks(n, p, fmt=f, algorithm=algorithm,
+                                                          chip=chip, dtype=dtype))
+             for f in (fmt, None)}
+        return t[fmt] < t[None]
+
+    lo, hi = itemsize, 1 << 34
+    if wins(lo):
+        return 0
+    if not wins(hi):
+        raise ValueError(f"{fmt} never beats the unquantized {algorithm} on {_chip(chip).name} "
+                         "in the model, up to 16 GiB")
+    while hi - lo > itemsize * 64 and hi > lo * 1.01:
+        mid = int(math.sqrt(lo * hi))
+        lo, hi = (lo, mid) if wins(mid) else (mid, hi)
+    return hi

@@ -1,0 +1,67 @@
+"""The time model: its phases follow the bytes of the schedules, its limits are the byte ratios,
+pipelining helps only where compute and links can overlap, and bad input is refused."""
+
+import pytest
+
+import equarx_ref as eq
+from equarx_ref import cost
+
+INT8, INT4 = eq.Format.int8(), eq.Format.int4()
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
+def test_large_messages_approach_the_byte_ratio(algorithm):
+    """Bandwidth-bound: the speedup nears 16 / bits (1.88x int8, 3.56x int4) from below; the
+    memory passes of (de)quantizing keep it some way under."""
+    n = 1 << 29
+    for fmt in (INT8, INT4):
+        base, t = (eq.predicted_time(n, 8, fmt=f, algorithm=algorithm, chip="v5e",
+                                     num_chunks=eq.best_num_chunks(n, 8, fmt=f,
+                                                                   algorithm=algorithm,
+                                                                   chip="v5e"))
+                   for f in (None, fmt))
+        assert 0.75 * 16 / fmt.bits_per_element < base / t < 16 / fmt.bits_per_element
+
+
+def test_ring_link_time_is_the_textbook_formula():
+    """Without compute (infinite HBM), a bf16 ring is 2 (p - 1) alpha-ish + 2 (p-1)/p n / W."""
+    chip = eq.Chip("ideal", link_bandwidth=1e9, hop_latency=0.0, hbm_bandwidth=1e30,
+                   peak_flops=1.0)
+    n, p = 1 << 20, 8
+    t = eq.predicted_time(n, p, fmt=None, algorithm="ring", chip=chip)
+    # reduce-scatter one way: (p-1) n/p values; all-gather over both directions: half that
+    expected = ((p - 1) * n / p * 2 + (p - 1) * n / p * 2 / 2) / 1e9
+    assert t == pytest.approx(expected, rel=1e-6)
+
+
+def test_pipelining_overlaps_compute_with_links():
+    n = 1 << 26
+    one = eq.predicted_time(n, 8, fmt=INT8, algorithm="bidir_ring", chip="v5e", num_chunks=1)
+    best = eq.best_num_chunks(n, 8, fmt=INT8, algorithm="bidir_ring", chip="v5e")
+    t = eq.predicted_time(n, 8, fmt=INT8, algorithm="bidir_ring", chip="v5e", num_chunks=best)
+    assert best > 1 and t < one
+    # tiny messages: every piece pays a hop latency, so one piece is best
+    assert eq.best_num_chunks(1024, 8, fmt=INT8, algorithm="bidir_ring", chip="v5e") == 1
+
+
+def test_phases_carry_the_schedule_bytes():
+    """Reduce-scatter hops x link bytes = the reduce part of wire_bytes (one direction)."""
+    n, p = 1 << 20, 8
+    for fmt in (None, INT8):
+        ph = cost.phases(n, p, fmt=fmt, algorithm="ring")
+        rs = ph[0]
+        sent = eq.wire_bytes(n, p, fmt=fmt, algorithm="ring")
+        assert rs.hops * rs.link_bytes == sent / 2  # the other half is the gather's
+
+
+def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
+    assert eq.predicted_time(0, 8, fmt=INT8, algorithm="ring", chip="v5e") == 0.0
+    assert eq.predicted_time(100, 1, fmt=INT8, algorithm="ring", chip="v5e") == 0.0
+    with pytest.raises(ValueError, match="unknown chip"):
+        eq.predicted_time(100, 8, fmt=INT8, algorithm="ring", chip="v99")
+    with pytest.raises(ValueError, match="psum"):
+        eq.predicted_time(100, 8, fmt=INT8, algorithm="psum", chip="v5e")
+    with pytest.raises(ValueError, match="link_bandwidth"):
+        eq.Chip("bad", 0.0, 1e-6, 1e12, 1e14)
+    assert set(eq.CHIPS) >= {"v4", "v5e", "v5p", "v6e"}
+    assert all(c.source for c in eq.CHIPS.values())
