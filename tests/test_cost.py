@@ -65,3 +65,21 @@ def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
         eq.Chip("bad", 0.0, 1e-6, 1e12, 1e14)
     assert set(eq.CHIPS) >= {"v4", "v5e", "v5p", "v6e"}
     assert all(c.source for c in eq.CHIPS.values())
+
+
+def test_gemma_prefill_model():
+    """Matmul FLOPs ~ 2 x parameters x tokens; int8 speeds the prefill up by less than the
+    AllReduce share allows; at TP=8 on v5e the model lands near the paper's 1.1x-1.25x."""
+    from equarx_ref.gemma.config import PRESETS
+    from equarx_ref.gemma.prefill import _flops, prefill_time
+
+    cfg = PRESETS["27b"]
+    assert 2 * cfg.num_params() * 2048 < _flops(cfg, 2048) < 2.6 * cfg.num_params() * 2048
+    base = prefill_time(cfg, 2048, 8, chip="v5e", fmt=None)
+    int8 = prefill_time(cfg, 2048, 8, chip="v5e", fmt=INT8)
+    assert int8.compute_s == base.compute_s and int8.allreduce_s < base.allreduce_s
+    speedup = base.total_s / int8.total_s
+    assert 1.0 < speedup < base.total_s / base.compute_s
+    assert 1.05 < speedup < 1.3
+    with pytest.raises(ValueError, match="efficiency"):
+        prefill_time(cfg, 2048, 8, chip="v5e", fmt=None, efficiency=0)
