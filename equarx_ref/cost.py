@@ -64,6 +64,10 @@ class Chip:
         links: links per chip (4 on a 2D torus, 6 on a 3D one).
         torus: the largest slice's shape.
         source: where the figures come from.
+        quantize_overhead: fixed seconds a quantized hop costs beyond its memory pass (kernel
+            launch, the latency of finding each block's scale). No public figure exists for
+            TPUs, so their presets say 0 and quantizing then never loses in the model; set it
+            from a measurement to get a real crossover (`crossover_bytes`).
     """
 
     name: str
@@ -74,13 +78,15 @@ class Chip:
     links: int = 4
     torus: tuple[int, ...] = ()
     source: str = ""
+    quantize_overhead: float = 0.0
 
     def __post_init__(self):
         for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"Chip.{field} must be positive, got {getattr(self, field)!r}")
-        if not self.hop_latency >= 0:
-            raise ValueError(f"Chip.hop_latency must be >= 0, got {self.hop_latency!r}")
+        for field in ("hop_latency", "quantize_overhead"):
+            if not getattr(self, field) >= 0:
+                raise ValueError(f"Chip.{field} must be >= 0, got {getattr(self, field)!r}")
 
 
 _BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of chip figures"
@@ -104,6 +110,8 @@ class Phase:
         link_bytes: bytes on the busiest link direction per hop (per piece: divide by pieces).
         hbm_bytes: bytes read and written per hop (or in total when hops == 0).
         pipelined: whether its hops are cut into `num_chunks` pieces.
+        quantizes: (de)quantizing passes it runs per hop (or in total when hops == 0), each
+            paying the chip's `quantize_overhead`.
     """
 
     name: str
@@ -111,6 +119,7 @@ class Phase:
     link_bytes: float
     hbm_bytes: float
     pipelined: bool = False
+    quantizes: int = 0
 
 
 def _chip(chip) -> Chip:
@@ -137,6 +146,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         return []
     itemsize = jnp.dtype(dtype).itemsize
     enc_all = encoded_bytes(n, fmt, dtype)
+    quantized = int(fmt is not None)
     out: list[Phase] = []
     if algorithm in ("ring", "bidir_ring"):
         d = 2 if algorithm == "bidir_ring" else 1
@@ -147,7 +157,8 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             lead //= q
             enc = encoded_bytes(chunk * lead, fmt, dtype)
             out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
-                             d * (2 * enc + chunk * lead * itemsize), pipelined=True))
+                             d * (2 * enc + chunk * lead * itemsize), pipelined=True,
+                             quantizes=2 * d * quantized))
         lead = 1
         for q in reversed(shape):
             enc = encoded_bytes(chunk * lead, fmt, dtype) * d
@@ -155,34 +166,36 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
                              (q - 1) * enc / 2 / math.ceil((q - 1) / 2), 0.0))
             lead *= q
         if fmt is not None:  # unquantized, the gather writes the output directly
-            out.append(Phase("decode", 0, 0.0, enc_all + n * itemsize))
+            out.append(Phase("decode", 0, 0.0, enc_all + n * itemsize, quantizes=1))
         return out
     (p,) = shape
     if algorithm == "two_shot":
         chunk = layout(n, p, fmt.block_size if fmt else 1, 1)[0]
         enc = encoded_bytes(chunk, fmt, dtype)
         per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
-        out += [Phase("encode", 0, 0.0, n * itemsize + p * enc),
+        out += [Phase("encode", 0, 0.0, n * itemsize + p * enc, quantizes=quantized),
                 Phase("all-to-all", p // 2, per_link / (p // 2), 0.0),
-                Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc),
+                Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc,
+                      quantizes=2 * quantized),
                 Phase("all-gather", math.ceil((p - 1) / 2),
                       (p - 1) * enc / 2 / math.ceil((p - 1) / 2), 0.0),
-                Phase("decode", 0, 0.0, p * enc + n * itemsize)]
+                Phase("decode", 0, 0.0, p * enc + n * itemsize, quantizes=quantized)]
         return out
     # one_shot: every input to everyone, summed everywhere
-    out += [Phase("encode", 0, 0.0, n * itemsize + enc_all),
+    out += [Phase("encode", 0, 0.0, n * itemsize + enc_all, quantizes=quantized),
             Phase("all-gather", math.ceil((p - 1) / 2),
                   (p - 1) * enc_all / 2 / math.ceil((p - 1) / 2), 0.0),
-            Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize)]
+            Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize, quantizes=quantized)]
     return out
 
 
 def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
+    fixed = ph.quantizes * chip.quantize_overhead
     if ph.hops == 0:
-        return ph.hbm_bytes / chip.hbm_bandwidth
+        return ph.hbm_bytes / chip.hbm_bandwidth + fixed
     k = k if ph.pipelined else 1
     m = chip.hop_latency + ph.link_bytes / k / chip.link_bandwidth
-    q = ph.hbm_bytes / k / chip.hbm_bandwidth
+    q = ph.hbm_bytes / k / chip.hbm_bandwidth + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))
 

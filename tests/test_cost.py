@@ -83,3 +83,23 @@ def test_gemma_prefill_model():
     assert 1.05 < speedup < 1.3
     with pytest.raises(ValueError, match="efficiency"):
         prefill_time(cfg, 2048, 8, chip="v5e", fmt=None, efficiency=0)
+
+
+def test_crossover_grows_with_the_fixed_cost_of_quantizing():
+    import dataclasses
+
+    def crossover(overhead):
+        chip = dataclasses.replace(eq.CHIPS["v5e"], quantize_overhead=overhead)
+        return cost.crossover_bytes(8, fmt=INT8, algorithm="bidir_ring", chip=chip)
+
+    free, cheap, dear = crossover(0.0), crossover(1e-6), crossover(1e-5)
+    assert free < 1 << 14 < cheap < dear  # without a fixed cost only block padding loses
+    n = dear // 2  # bf16 values at the crossover: int8 wins just above, loses just below
+    chip = dataclasses.replace(eq.CHIPS["v5e"], quantize_overhead=1e-5)
+
+    def best(f, m):
+        k = eq.best_num_chunks(m, 8, fmt=f, algorithm="bidir_ring", chip=chip)
+        return eq.predicted_time(m, 8, fmt=f, algorithm="bidir_ring", chip=chip, num_chunks=k)
+
+    assert best(INT8, int(n * 1.1)) < best(None, int(n * 1.1))
+    assert best(INT8, int(n * 0.9)) > best(None, int(n * 0.9))
