@@ -3,6 +3,7 @@
     equarx-ref demo     every algorithm x format side by side: bits, bytes, error, CPU time
     equarx-ref bench    quantize+dequantize throughput against a plain elementwise pass
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
+    equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
 
 (This module only parses arguments, calls the package and prints; bad arguments end with one
 line naming the problem and exit status 2, before any work starts.)
@@ -196,6 +197,91 @@ def _cmd_gemma(args) -> int:
     return 0
 
 
+def _add_model(sub) -> None:
+    from .cost import CHIPS
+    from .predict import ALGORITHMS
+
+    p = sub.add_parser("model", help="modelled TPU time: speedup against message size, prefill",
+                       description="The time model (equarx_ref/cost.py) on one TPU chip type: "
+                       "for messages of 1 KiB to 1 GiB, the modelled time of the unquantized "
+                       "AllReduce and the speedup of int8 and int4, each at its best pipeline "
+                       "depth; then Gemma 3 12B and 27B prefill at the given TP. Modelled "
+                       "figures, not measurements.")
+    p.add_argument("--chip", choices=sorted(CHIPS), default="v5e", help="default v5e")
+    p.add_argument("--devices", type=_at_least(2), default=8, help="chips in the ring (8)")
+    p.add_argument("--algorithm", choices=[a for a in ALGORITHMS if a != "psum"],
+                   default="bidir_ring", help="default bidir_ring")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
+    p.set_defaults(func=_cmd_model)
+
+
+def _cmd_model(args) -> int:
+    from . import cost
+    from .formats import Format
+    from .gemma.config import PRESETS
+    from .gemma.prefill import prefill_time
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    chip, p, alg = cost.CHIPS[args.chip], args.devices, args.algorithm
+    fmts = {"int8": Format.int8(), "int4": Format.int4()}
+
+    def best(n, fmt):
+        k = cost.best_num_chunks(n, p, fmt=fmt, algorithm=alg, chip=chip)
+        return cost.predicted_time(n, p, fmt=fmt, algorithm=alg, chip=chip, num_chunks=k), k
+
+    rows = []
+    for log2 in range(10, 31, 2):
+        n = (1 << log2) // 2  # bf16 values
+        base, _ = best(n, None)
+        row = {"message_bytes": 1 << log2, "bf16_seconds": base}
+        for name, fmt in fmts.items():
+            t, k = best(n, fmt)
+            row |= {f"{name}_seconds": t, f"{name}_speedup": base / t, f"{name}_num_chunks": k}
+        rows.append(row)
+    print(f"{chip.name}, {p} chips, {alg}; modelled ({chip.source})", file=out)
+    print(_table(["message", "bf16", "int8", "speedup", "k", "int4", "speedup", "k"],
+                 [[_size(r["message_bytes"]), _us(r["bf16_seconds"]), _us(r["int8_seconds"]),
+                   f"{r['int8_speedup']:.2f}x", str(r["int8_num_chunks"]),
+                   _us(r["int4_seconds"]), f"{r['int4_speedup']:.2f}x",
+                   str(r["int4_num_chunks"])] for r in rows]), file=out)
+    crossover = {name: cost.crossover_bytes(p, fmt=fmt, algorithm=alg, chip=chip)
+                 for name, fmt in fmts.items()}
+    print("crossover (quantized faster from): " + ", ".join(
+        f"{k} {_size(v)}" for k, v in crossover.items()) + " (the chip figures carry no fixed "
+        "cost of quantizing, so only block padding loses)", file=out)
+    prefill = []
+    for name in ("12b", "27b"):
+        base = prefill_time(PRESETS[name], 2048, p, chip=chip, fmt=None, algorithm=alg)
+        int8 = prefill_time(PRESETS[name], 2048, p, chip=chip, fmt=fmts["int8"], algorithm=alg)
+        prefill.append({"model": f"Gemma 3 {name.upper()}", "tokens": 2048, "tp": p,
+                        "compute_s": base.compute_s, "bf16_allreduce_s": base.allreduce_s,
+                        "int8_allreduce_s": int8.allreduce_s,
+                        "speedup": base.total_s / int8.total_s})
+    print(_table(["prefill (2048 tokens)", "matmuls", "AllReduce bf16", "int8", "speedup"],
+                 [[r["model"], _us(r["compute_s"]), _us(r["bf16_allreduce_s"]),
+                   _us(r["int8_allreduce_s"]), f"{r['speedup']:.2f}x"] for r in prefill]),
+          file=out)
+    print("matmuls at 50% of peak bf16 FLOP/s; the paper measured 1.1x (12B) and 1.25x (27B) "
+          "on TPU (EQuARX, arXiv 2506.17615).", file=out)
+    if args.json:
+        _write_json(args.json, {"chip": args.chip, "devices": p, "algorithm": alg,
+                                "modelled": True, "rows": rows, "crossover_bytes": crossover,
+                                "prefill": prefill})
+    return 0
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g} {unit}"
+    return f"{nbytes} B"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="equarx-ref", description=__doc__.split("\n\n(")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_demo(sub)
     _add_bench(sub)
     _add_gemma(sub)
+    _add_model(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0

@@ -14,7 +14,8 @@ Phases, for n values over p chips on a ring with wraparound (a torus axis), chun
                     adds its own chunk in f32 and quantizes the sum: one HBM pass of
                     2 x encoded(L) + L x input bytes.
     all-gather      each owner's chunk, encoded once, reaches everyone: (p - 1) chunks arrive
-                    over both link directions, ceil((p - 1) / 2) hops; then one decode pass.
+                    over both link directions in ceil((p - 1) / 2) hops, each decoded as it
+                    arrives (a memory pass overlapped with the next hop when pipelined).
     all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction.
 
 Pipelining cuts each chunk into k pieces (`num_chunks`). With q and m the compute and link
@@ -160,13 +161,13 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
                              d * (2 * enc + chunk * lead * itemsize), pipelined=True,
                              quantizes=2 * d * quantized))
         lead = 1
-        for q in reversed(shape):
-            enc = encoded_bytes(chunk * lead, fmt, dtype) * d
-            out.append(Phase(f"all-gather (axis of {q})", math.ceil((q - 1) / 2),
-                             (q - 1) * enc / 2 / math.ceil((q - 1) / 2), 0.0))
+        for q in reversed(shape):  # gathers run back; arriving chunks are decoded as they come
+            hops = math.ceil((q - 1) / 2)
+            arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
+            decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops)
+            out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
+                             pipelined=True, quantizes=quantized))
             lead *= q
-        if fmt is not None:  # unquantized, the gather writes the output directly
-            out.append(Phase("decode", 0, 0.0, enc_all + n * itemsize, quantizes=1))
         return out
     (p,) = shape
     if algorithm == "two_shot":

@@ -103,3 +103,20 @@ def test_crossover_grows_with_the_fixed_cost_of_quantizing():
 
     assert best(INT8, int(n * 1.1)) < best(None, int(n * 1.1))
     assert best(INT8, int(n * 0.9)) > best(None, int(n * 0.9))
+
+
+def test_model_command_json(tmp_path, capsys):
+    import json
+
+    from equarx_ref import cli
+
+    out = tmp_path / "model.json"
+    assert cli.main(["model", "--chip", "v6e", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["modelled"] is True and report["chip"] == "v6e"
+    sizes = [r["message_bytes"] for r in report["rows"]]
+    assert sizes[0] == 1 << 10 and sizes[-1] == 1 << 30
+    speedups = [r["int8_speedup"] for r in report["rows"]]
+    assert speedups == sorted(speedups) and speedups[-1] < 16 / 8.5
+    assert {p["model"] for p in report["prefill"]} == {"Gemma 3 12B", "Gemma 3 27B"}
+    assert "modelled" in capsys.readouterr().out
