@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._checks import count
+from .cost import default_min_bytes
 from .formats import Format
 from .predict import ALGORITHMS, check_algorithm, encoded_bytes
 from .quantize import decode, encode
@@ -175,7 +177,8 @@ def _check_input(x) -> None:
 
 
 def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
-               algorithm: str = "ring", num_chunks: int = 1) -> jax.Array:
+               algorithm: str = "ring", num_chunks: int = 1,
+               min_bytes: int | None = None) -> jax.Array:
     """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`.
 
     Args:
@@ -184,6 +187,10 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         fmt: the wire format (default int8, block 32, bf16 scale); None sends x's dtype as is.
         algorithm: "ring", "bidir_ring", "two_shot", "one_shot", or "psum" (lax.psum, fmt=None).
         num_chunks: pipeline depth for the ring family; the result does not depend on it.
+        min_bytes: the size gate: a message of fewer bytes (x.nbytes) runs unquantized, as
+            XLA's quantized AllReduce and vLLM's QuickReduce do below their thresholds. None
+            (default): the time model's crossover on a TPU (`cost.default_min_bytes`), 0 on
+            CPU devices, so on CPU every message is quantized. 0: never gate.
 
     Returns:
         The sum, with the shape and dtype of `x`: bitwise identical on every device and typed
@@ -201,6 +208,11 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return _invariant(x, axes)
+    if fmt is not None:
+        gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
+                                 device_kind=jax.devices()[0].device_kind) \
+            if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
+        fmt = None if x.nbytes < gate else fmt
     return _run(x, axes, shape, fmt, algorithm, num_chunks)
 
 
@@ -236,13 +248,16 @@ class AllReduce:
     fmt: Format | None = Format.int8()  # noqa: RUF009 (a frozen, hashable default)
     algorithm: str = "ring"
     num_chunks: int = 1
+    min_bytes: int | None = None
 
     def __post_init__(self):
         check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
+        if self.min_bytes is not None:
+            count(self.min_bytes, "min_bytes", minimum=0)
 
     def __call__(self, x: jax.Array, axis_name) -> jax.Array:
         return all_reduce(x, axis_name, fmt=self.fmt, algorithm=self.algorithm,
-                          num_chunks=self.num_chunks)
+                          num_chunks=self.num_chunks, min_bytes=self.min_bytes)
 
     def __str__(self) -> str:
         from .formats import format_label

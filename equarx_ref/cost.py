@@ -40,6 +40,7 @@ latency of about 1 us is the book's part 3 (sharding) rule of thumb: an estimate
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax.numpy as jnp
@@ -49,7 +50,8 @@ from .formats import Format
 from .predict import check_algorithm, device_shape, encoded_bytes
 from .schedule import layout
 
-__all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "phases", "predicted_time"]
+__all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases",
+           "predicted_time"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,3 +247,20 @@ def crossover_bytes(p, *, fmt: Format, algorithm: str, chip, dtype="bfloat16") -
         mid = int(math.sqrt(lo * hi))
         lo, hi = (lo, mid) if wins(mid) else (mid, hi)
     return hi
+
+
+# jax's device_kind of each chip (as printed by jax.devices()[0].device_kind)
+_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+                 "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+@functools.cache
+def default_min_bytes(p, *, fmt: Format, algorithm: str, device_kind: str) -> int:
+    """The size gate `all_reduce` uses when given none: below this many bytes the message goes
+    unquantized. On a known TPU it is the model's `crossover_bytes` for that chip; on anything
+    else (CPU devices, simulated or not, where no link is saved) it is 0: every message is
+    quantized, exactly as asked."""
+    chip = _DEVICE_KINDS.get(device_kind)
+    if chip is None or algorithm == "psum":
+        return 0
+    return crossover_bytes(p, fmt=fmt, algorithm=algorithm, chip=chip)

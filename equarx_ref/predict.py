@@ -120,15 +120,19 @@ def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
 
 
 def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
-               num_chunks: int = 1) -> int:
+               num_chunks: int = 1, min_bytes: int = 0) -> int:
     """Bytes one device sends for an AllReduce of `n` values over `p` devices.
 
     Counted from the schedule `all_reduce` executes: every transfer of a device, encoded chunk
     sizes included (payload plus scales, after padding). `p` may be a pair (2D torus).
     "psum" is modelled as a ring, 2 (p - 1) / p * n values of `dtype` (XLA:CPU widens a bf16
-    psum to f32 in practice; on TPU it sends bf16). An empty message sends nothing.
+    psum to f32 in practice; on TPU it sends bf16). An empty message sends nothing. A message
+    under `min_bytes` (`all_reduce`'s size gate) is counted unquantized.
     """
     n = count(n, "n (values)", minimum=0)
+    if fmt is not None and n * jnp.dtype(dtype).itemsize < count(min_bytes, "min_bytes",
+                                                                 minimum=0):
+        fmt = None
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     total = math.prod(shape)

@@ -120,3 +120,42 @@ def test_model_command_json(tmp_path, capsys):
     assert speedups == sorted(speedups) and speedups[-1] < 16 / 8.5
     assert {p["model"] for p in report["prefill"]} == {"Gemma 3 12B", "Gemma 3 27B"}
     assert "modelled" in capsys.readouterr().out
+
+
+def test_size_gate_at_the_edge():
+    """min_bytes: a message of exactly min_bytes is quantized, one byte more of gate is not;
+    the bytes in the compiled program follow, and so does wire_bytes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import DEVICES
+
+    mesh = eq.make_mesh(DEVICES[:4])
+    n = 1000
+    x = jax.random.normal(jax.random.key(0), (4, n), jnp.float32)
+
+    def run(fmt, min_bytes):
+        f = jax.jit(jax.shard_map(
+            lambda v: eq.all_reduce(v[0], "tp", fmt=fmt, min_bytes=min_bytes),
+            mesh=mesh, in_specs=P("tp"), out_specs=P()))
+        hlo = f.lower(x).compile().as_text()
+        return np.asarray(f(x)), sum(eq.hlo_wire_bytes(hlo, 4).values())
+
+    exact, exact_bytes = run(None, 0)
+    at, at_bytes = run(INT8, 4 * n)  # x.nbytes == min_bytes: quantized
+    above, above_bytes = run(INT8, 4 * n + 1)  # gated: unquantized, bitwise
+    default, _ = run(INT8, None)  # CPU devices: no gate
+    assert not np.array_equal(at, exact) and np.array_equal(above, exact)
+    assert np.array_equal(default, at)
+    assert at_bytes == eq.wire_bytes(n, 4, fmt=INT8, algorithm="ring", dtype="float32",
+                                     min_bytes=4 * n)
+    assert above_bytes == exact_bytes == eq.wire_bytes(
+        n, 4, fmt=INT8, algorithm="ring", dtype="float32", min_bytes=4 * n + 1)
+    assert cost.default_min_bytes((8,), fmt=INT8, algorithm="bidir_ring", device_kind="cpu") == 0
+    assert cost.default_min_bytes((8,), fmt=INT8, algorithm="bidir_ring",
+                                  device_kind="TPU v5 lite") == cost.crossover_bytes(
+        8, fmt=INT8, algorithm="bidir_ring", chip="v5e")
+    with pytest.raises(ValueError, match="min_bytes"):
+        eq.AllReduce(min_bytes=-1)
