@@ -120,6 +120,16 @@ def _split(s: jax.Array) -> tuple[jax.Array, jax.Array]:
     return head, s - head
 
 
+def _lift(amax: jax.Array) -> jax.Array:
+    """A power of two per block that lifts a tiny block (amax < 2^-60) by 2^64, else 1.
+
+    The exact comparisons below subtract nearly equal numbers; near f32's smallest normal
+    (1.2e-38) the difference would be subnormal and XLA:CPU flushes it to zero, turning a
+    near-tie into a false tie. Scaling both sides by the same power of two changes no ratio.
+    """
+    return jnp.where(amax < 2.0**-60, jnp.float32(2.0**64), jnp.float32(1.0))
+
+
 def _product_vs(coef, s: tuple[jax.Array, jax.Array], a: jax.Array) -> jax.Array:
     """sign(coef * s - a), exactly, for s = `_split(s)`, a >= 0 and coef with <= 12 bits.
 
@@ -164,8 +174,10 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
     # and up while s does not: two steps each way cover the estimate's error.
     dtype = jnp.dtype(fmt.scale_dtype)
 
+    lift = _lift(amax)
+
     def covers(s):  # s * elem_max >= amax, exactly
-        return _product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), amax) >= 0
+        return _product_vs(fmt.elem_max, _split(s.astype(jnp.float32) * lift), amax * lift) >= 0
 
     s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
     for _ in range(2):
@@ -229,14 +241,16 @@ def _nearest_even(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax.
     both neighbours with exact comparisons of |x| and midpoint * s (`_product_vs`), and moved
     by one step where it must.
     """
-    a = jnp.abs(x)
+    lift = _lift(s * fmt.elem_max)[..., None]
+    a = jnp.abs(x) * lift
     q = jnp.abs(_round_to_grid(v, fmt, None))
     down, up, odd = _neighbours(q, fmt)
-    s = _split(s[..., None])
+    s = _split(s[..., None] * lift)
     above = _product_vs((q + up) * 0.5, s, a)  # < 0: a is past the upper midpoint
     below = _product_vs((q + down) * 0.5, s, a)  # > 0: a is below the lower midpoint
-    q = jnp.where((up > q) & ((above < 0) | ((above == 0) & odd)), up, q)
-    q = jnp.where((down < q) & ((below > 0) | ((below == 0) & odd)), down, q)
+    scaled = s[0] > 0  # a zero scale (an all-zero or flushed block) keeps q = 0
+    q = jnp.where(scaled & (up > q) & ((above < 0) | ((above == 0) & odd)), up, q)
+    q = jnp.where(scaled & (down < q) & ((below > 0) | ((below == 0) & odd)), down, q)
     return jnp.where(jnp.signbit(x), -q, q)
 
 
@@ -319,7 +333,7 @@ def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Ar
     stored, s, inv = _scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]
     xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
-    v = xb * inv[..., None]
+    v = jnp.where(finite, xb * inv[..., None], 0.0)
     if key is None and s is not None:  # exact round(x / s); an E8M0 scale makes v exact already
         q = _nearest_even(xb, v, s, fmt)
     else:
