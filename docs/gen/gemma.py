@@ -10,7 +10,8 @@ from __future__ import annotations
 from .commands import COMMANDS, command_block
 from .common import Section, load, png, table
 
-#: The Results page's table: (header, template over `fields(row)`).
+#: The Results page's table: (header, template over `fields(row)`). A new field of the report
+#: is one more line here (or one more placeholder in `CELL`).
 COLUMNS = [
     ("algorithm", "{algorithm}"),
     ("format", "{wire}"),
@@ -28,40 +29,42 @@ HEADLINE = [("ring", "bf16"), ("ring", "int8"), ("two_shot", "int8"), ("one_shot
             ("ring", "int4")]
 
 
+def note(row: dict) -> str:
+    """What a row's label adds to its algorithm and format: " (CPU: f32)" for a psum on CPU."""
+    return row["label"].removeprefix(f"{row['algorithm']} {row['format']}")
+
+
 def fields(row: dict) -> dict:
-    """A report row plus what the templates derive: `note` (what the label adds to algorithm
-    and format: " (CPU: f32)" for a psum on CPU), `wire` (format and note) and `noise` (" ~"
-    when |ΔNLL| < 2 SE: within noise)."""
-    note = row["label"].removeprefix(f"{row['algorithm']} {row['format']}")
-    return {**row, "note": note, "wire": row["format"] + note,
-            "noise": " ~" if row.get("within_noise") else ""}
-
-
-def report_table(report: dict, keep=None) -> str:
-    """The rows of `report` (those in `keep` if given) with every column of `COLUMNS`."""
-    rows = [fields(r) for r in report["rows"]
-            if keep is None or (r["algorithm"], r["format"]) in keep]
-    return table([h for h, _ in COLUMNS], [[cell(t, r) for _, t in COLUMNS] for r in rows])
+    """A report row plus what the templates derive: `wire` (format and `note`) and `noise`
+    (" ~" when the report marks |ΔNLL| < 2 SE: within noise)."""
+    return {**row, "wire": row["format"] + note(row),
+            "noise": " ~" if row["within_noise"] else ""}
 
 
 def cell(template: str, row: dict) -> str:
-    """`template` filled from `row`, or a clear error naming the field the stored report lacks."""
+    """`template` filled from `fields(row)`, or a clear error naming what the report lacks."""
     try:
-        return template.format(**row)
+        return template.format(**fields(row))
     except KeyError as e:
         raise KeyError(f"docs/data/gemma.json: its rows have no field {e}; rerun "
                        f"`{COMMANDS['gemma.json']}`") from None
 
 
+def report_table(report: dict, keep=None) -> str:
+    """The rows of `report` (those in `keep` if given) with every column of `COLUMNS`."""
+    rows = [r for r in report["rows"] if keep is None or (r["algorithm"], r["format"]) in keep]
+    return table([h for h, _ in COLUMNS], [[cell(t, r) for _, t in COLUMNS] for r in rows])
+
+
 def pivot_table(report: dict) -> str:
     """Algorithms down, formats across, one `CELL` each ("–" where a pair did not run)."""
-    rows = [fields(r) for r in report["rows"]]
+    rows = report["rows"]
     formats = list(dict.fromkeys(r["format"] for r in rows))
     by = {(r["algorithm"], r["format"]): r for r in rows}
-    algs = {r["algorithm"]: r["note"] for r in rows}  # in order; a note such as CPU: f32
+    algs = {r["algorithm"]: note(r) for r in rows}  # in order of appearance
     return table(["algorithm", *formats],
-                 [[a + note] + [cell(CELL, by[a, f]) if (a, f) in by else "–" for f in formats]
-                  for a, note in algs.items()])
+                 [[a + n] + [cell(CELL, by[a, f]) if (a, f) in by else "–" for f in formats]
+                  for a, n in algs.items()])
 
 
 def setting(m: dict) -> str:
