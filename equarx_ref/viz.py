@@ -2,19 +2,29 @@
 
 `draw_schedule` draws a `Schedule` as a table: one row per device, one column per time step,
 each cell naming what that device sends then ("c3 -> 1": its copy of chunk 3 to device 1),
-coloured by chunk, reduce steps first, then the all-gather. `plot_comparison` draws the
-`equarx-ref demo` rows: error against bytes, and CPU time against the unquantized ring.
+coloured by chunk, reduce steps first, then the all-gather.
+
+The `equarx-ref demo` rows (`benchmark.Row`) are drawn by `plot_bytes_error` (error against the
+bytes sent, both relative: what quantizing buys) and `plot_cpu_time` (CPU time against the
+unquantized ring); `plot_comparison` puts the two side by side for `equarx-ref demo --plot`.
+One colour per wire format and one marker per algorithm (`MARKERS`), in every figure.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 
+from .formats import UNQUANTIZED
 from .schedule import Schedule
 
-__all__ = ["draw_schedule", "plot_comparison"]
+__all__ = ["MARKERS", "draw_schedule", "plot_bytes_error", "plot_comparison", "plot_cpu_time"]
+
+#: The marker of each algorithm, in every figure of the package.
+MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
 
 
 def _label(step, transfers) -> str:
@@ -64,29 +74,66 @@ def draw_schedule(schedule: Schedule, ax=None, title: str | None = None):
     return ax
 
 
-def plot_comparison(rows, path: str | None = None):
-    """Error against bytes sent, and CPU time, for `benchmark.compare_collectives` rows."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    markers = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
-    colors = {}
+def _colors(rows) -> dict[str, str]:
+    """One colour per wire format, in order of appearance; unquantized bf16 grey."""
+    colors: dict[str, str] = {}
     for r in rows:
-        color = colors.setdefault(r.format, f"C{len(colors)}")
-        left.scatter(r.bytes_model / 2**20, max(r.rel_error, 1e-8), color=color,
-                     marker=markers.get(r.algorithm, "o"), s=50,
-                     label=f"{r.algorithm} {r.format}")
-    left.set_xlabel("MiB sent per device (eq.wire_bytes)")
-    left.set_ylabel("relative error vs exact sum")
-    left.set_yscale("log")
-    left.set_title("bytes against error")
-    left.legend(fontsize=6, ncol=2)
-    names = [f"{r.algorithm}\n{r.format}" for r in rows]
-    right.bar(range(len(rows)), [r.time_ratio for r in rows],
-              color=[colors[r.format] for r in rows])
-    right.axhline(1.0, color="k", lw=0.8)
-    right.set_xticks(range(len(rows)))
-    right.set_xticklabels(names, fontsize=6, rotation=90)
-    right.set_ylabel("CPU time / unquantized bf16 ring")
-    right.set_title("CPU timing (simulated devices, no real links)")
+        colors.setdefault(r.format, "0.5" if r.format == UNQUANTIZED else f"C{len(colors)}")
+    return colors
+
+
+def plot_bytes_error(rows, ax=None):
+    """Error against bytes sent, one point per `benchmark.Row`; returns the matplotlib Axes.
+
+    x: bytes one device sent (compiled HLO) over the unquantized bf16 ring's, so 1/2 is half
+    the traffic; y: relative error against the exact sum. Colour: wire format; marker:
+    algorithm. Lower left is better.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.8))
+    colors = _colors(rows)
+    for r in rows:
+        ax.scatter(1 / r.byte_ratio, max(r.rel_error, 1e-8), color=colors[r.format],
+                   marker=MARKERS.get(r.algorithm, "o"), s=50, alpha=0.85)
+    ax.set_xscale("log", base=2)
+    lo, hi = (f(1 / r.byte_ratio for r in rows) for f in (min, max))
+    ticks = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)]
+    ax.set_xticks(ticks, [f"1/{round(1 / t)}" if t < 1 else f"{t:g}" for t in ticks])
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes sent per device / unquantized bf16 ring")
+    ax.set_ylabel("relative error vs exact sum")
+    ax.set_title("bytes against error (lower left is better)")
+    key = lambda **kw: Line2D([], [], ls="", ms=7, **kw)  # noqa: E731
+    handles = ([key(marker="o", color=c, label=f) for f, c in colors.items()]
+               + [key(marker=MARKERS.get(a, "o"), color="k", mfc="none", label=a)
+                  for a in dict.fromkeys(r.algorithm for r in rows)])
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return ax
+
+
+def plot_cpu_time(rows, ax=None):
+    """CPU time of each `benchmark.Row` over the unquantized bf16 ring's; returns the Axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.8))
+    colors = _colors(rows)
+    ax.bar(range(len(rows)), [r.time_ratio for r in rows],
+           color=[colors[r.format] for r in rows])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(rows)), [f"{r.algorithm}\n{r.format}" for r in rows], fontsize=6,
+                  rotation=90)
+    ax.set_ylabel("CPU time / unquantized bf16 ring")
+    ax.set_title("CPU timing (simulated devices, no real links)")
+    return ax
+
+
+def plot_comparison(rows, path: str | None = None):
+    """`plot_bytes_error` and `plot_cpu_time` side by side (`equarx-ref demo --plot`).
+
+    Returns the figure; saves it to `path` if given.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=[1.15, 1])
+    plot_bytes_error(rows, ax=left)
+    plot_cpu_time(rows, ax=right)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)

@@ -1,9 +1,14 @@
-"""The docs site: `mkdocs build --strict`, then the built site rendered in headless Chromium.
+"""The docs site and the README: built, complete, offline, and saying what the code does.
 
-The browser test serves the built site on loopback (`python -m http.server`), opens the home page
-and a notebook page in Debian's `chromium`, checks the DOM carries their figures (the home page's
-generated figure, the notebook's stored PNG outputs) and saves a screenshot of each, checked not
-to be blank. Without chromium it skips and says why; under CI=true it fails instead.
+`mkdocs build --strict`, then checks of the built HTML: every page, every public module and name
+in the API reference, every notebook listed, no nbval markers shown, nothing loaded from another
+host. The README's results tables are held equal to docs/data/*.json and its "Use" snippet is
+run, its printed values compared with what its comments say.
+
+The browser tests serve the built site on loopback (`python -m http.server`), open pages in
+Debian's `chromium`, check the DOM (the home page's generated figure, a notebook's stored PNG
+outputs, formulas typeset by the vendored KaTeX) and save a screenshot of each, checked not to
+be blank. Without chromium they skip and say why; under CI=true they fail instead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
+DIRECTIVE = re.compile(r"^::: (equarx_ref(?:\.\w+)*)\s*$", re.M)
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -55,19 +62,149 @@ def _page(site: Path, rel: str) -> str:
 
 
 def test_strict_build_has_every_page(site):
-    for rel in ["", "concepts", "results", "contributing", "api"]:
+    for rel in ["", "concepts", "results", "contributing"]:
         _page(site, rel)
+    for page in API_PAGES:
+        _page(site, "api" if page.stem == "index" else f"api/{page.stem}")
     for nb in NOTEBOOKS:
         html = _page(site, f"notebooks/{nb.stem}")
         assert "data:image/png;base64," in html or "<svg" in html, f"{nb.name}: no figure"
-    for mod in ["devices"]:
-        assert "setup_devices" in _page(site, f"api/{mod}")
 
 
 def test_no_unfilled_markers_or_raw_placeholders(site):
     for html in site.rglob("*.html"):
         text = html.read_text(encoding="utf-8")
         assert "<!-- gen:" not in text, f"{html}: an unfilled generator marker"
+
+
+def _public_modules() -> set[str]:
+    """Every module and subpackage of equarx_ref but the private ones and the CLI."""
+    pkg = ROOT / "equarx_ref"
+    mods = {"equarx_ref." + ".".join(p.relative_to(pkg).with_suffix("").parts)
+            for p in pkg.rglob("*.py") if p.name != "__init__.py"}
+    mods |= {"equarx_ref." + ".".join(p.parent.relative_to(pkg).parts)
+             for p in pkg.rglob("__init__.py") if p.parent != pkg}
+    return {m for m in mods if not any(part.startswith("_") for part in m.split("."))
+            and m != "equarx_ref.cli"}
+
+
+def test_api_pages_document_every_public_module_once():
+    documented = [m for page in API_PAGES
+                  for m in DIRECTIVE.findall(page.read_text(encoding="utf-8"))]
+    assert len(documented) == len(set(documented)), f"documented twice: {documented}"
+    missing = _public_modules() - set(documented)
+    assert not missing, f"modules on no page of docs/api/: {sorted(missing)}"
+    assert {"equarx_ref.predict", "equarx_ref.hlo"} <= set(documented)
+    unknown = set(documented) - _public_modules()
+    assert not unknown, f"docs/api/ documents what is not a public module: {sorted(unknown)}"
+
+
+def test_api_reference_renders_every_public_name(site):
+    """Each name `import equarx_ref as eq` exports has its entry (anchor) on an API page."""
+    import equarx_ref as eq
+
+    html = "".join(_page(site, "api" if p.stem == "index" else f"api/{p.stem}")
+                   for p in API_PAGES)
+    anchors = set(re.findall(r'id="(equarx_ref\.[\w.]+)"', html))
+    missing = [name for name in eq.__all__ if name not in ("gemma", "viz")
+               and not any(a.endswith("." + name) for a in anchors)]
+    assert not missing, f"exported but not rendered in the API reference: {missing}"
+    assert "equarx_ref._checks" not in html
+
+
+def test_home_page_lists_every_notebook(site):
+    home = _page(site, "")
+    for nb in NOTEBOOKS:
+        assert f'href="notebooks/{nb.stem}/"' in home, f"the home page does not list {nb.name}"
+
+
+def test_notebook_pages_hide_nbval_markers(site):
+    for nb in NOTEBOOKS:
+        if "# NBVAL_" in nb.read_text(encoding="utf-8"):
+            html = _page(site, f"notebooks/{nb.stem}")
+            assert "NBVAL_" not in html, f"{nb.name}: an nbval marker is shown on its page"
+
+
+def test_site_loads_nothing_from_another_host(site):
+    """Scripts, styles, fonts and images all come from the site itself (it renders offline)."""
+    loads = re.compile(r'<script\b[^>]*\bsrc="([^"]*)"|<img\b[^>]*\bsrc="([^"]*)"|'
+                       r'<link\b(?=[^>]*\brel="(?:stylesheet|icon|preload|modulepreload)")'
+                       r'[^>]*\bhref="([^"]*)"')
+    remote = re.compile(r"^(?:[a-z]+:)?//", re.I)
+    for html in site.rglob("*.html"):
+        urls = [u for m in loads.finditer(html.read_text(encoding="utf-8")) for u in m.groups()
+                if u and remote.match(u)]
+        assert not urls, f"{html.relative_to(site)} loads {urls}"
+    for css in site.rglob("*.css"):
+        urls = re.findall(r"url\(\s*['\"]?((?:[a-z]+:)?//[^)'\"]+)", css.read_text("utf-8"))
+        assert not urls, f"{css.relative_to(site)} loads {urls}"
+
+
+# ---------------------------------------------------------------------------- README
+
+README = ROOT / "README.md"
+
+
+def _docs_gen(name: str):
+    """A module of docs/gen (the site's generators), imported as the hooks import it."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        return importlib.import_module(f"gen.{name}")
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+
+
+def _data(name: str):
+    return json.loads((ROOT / "docs" / "data" / name).read_text(encoding="utf-8"))
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_readme_tables_are_rendered_from_the_data():
+    text = README.read_text(encoding="utf-8")
+    assert "<!-- gen:readme-demo -->" in text
+    assert text == _docs_gen("readme").render(text), (
+        "README.md's results tables differ from docs/data/*.json: run `python docs/hooks.py "
+        "readme` (or `refresh` to measure anew)")
+
+
+def test_readme_table_rows_agree_with_the_json():
+    """Read independently of the generator: each JSON row has its README row, same numbers."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    for r in _data("demo.json")["rows"]:
+        found = [_cells(x) for x in lines if x.startswith("|") and _cells(x)[:2] == [
+            r["algorithm"], r["format"] + (f" ({r['note']})" if r["note"] else "")]]
+        assert len(found) == 1, f"README: {len(found)} rows for demo {r['algorithm']} {r['format']}"
+        for value in (f"{r['bytes_sent']:,}", f"{r['rel_error']:.2%}", f"{r['time_ratio']:.2f}"):
+            assert value in found[0], f"README demo row {found[0]} lacks {value}"
+    for r in _data("bench.json"):
+        found = [_cells(x) for x in lines if x.startswith(f"| `{r['format']}` |")]
+        assert len(found) == 1 and f"{r['ratio']:.2f}x" in found[0], (r, found)
+    report = _data("gemma.json")
+    header = next(_cells(x) for x in lines if x.startswith("| algorithm | bf16 |"))
+    for r in report["rows"]:
+        row = next(_cells(x) for x in lines if x.startswith("|") and _cells(x)[0].split(" ")[0]
+                   == r["algorithm"] and len(_cells(x)) == len(header))
+        cell = row[header.index(r["format"])]
+        assert f"{r['dnll']:+.4f}" in cell and f"{r['top1']:.1f}%" in cell, (r["label"], cell)
+
+
+def test_readme_use_snippet_prints_what_its_comments_say():
+    code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8")
+                     .split("## Use", 1)[1], re.S).group(1)
+    expected = re.findall(r"^print\(.*\)\s+# ([-+\d.]+)", code, re.M)
+    assert len(expected) == 3, expected
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.split()[-len(expected):]
+    for want, got in zip(expected, printed, strict=True):
+        decimals = len(want.partition(".")[2])
+        assert round(float(got), decimals) == float(want), f"README says {want}, code prints {got}"
 
 
 # ---------------------------------------------------------------------------- browser
@@ -191,3 +328,12 @@ def test_repository_url_comes_from_pyproject(site):
         assert url not in path.read_text(encoding="utf-8"), f"{path} types the repository URL"
     home = _page(site, "")
     assert f'href="{url}"' in home and f"git+{url}" in home
+
+
+def test_formulas_are_typeset_by_the_vendored_katex(server, tmp_path, capsys):
+    dom, shot = _browse(server + "concepts/", tmp_path, "concepts", 2400, capsys)
+    marked = dom.count('class="arithmatex"')
+    assert marked >= 10, f"only {marked} formulas marked on the Concepts page"
+    assert dom.count('class="katex"') >= marked, "KaTeX did not typeset every formula"
+    assert not re.search(r'class="arithmatex">\\[(\[]', dom), "a formula left as TeX source"
+    _not_blank(shot)

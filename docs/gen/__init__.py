@@ -1,0 +1,33 @@
+"""The generated parts of the docs site, so that no number or list on it is typed by hand.
+
+A page writes a marker `<!-- gen:NAME -->`; `docs/hooks.py` replaces it with what
+`GENERATORS[NAME]()` returns: a `Section` of markdown, and the figures it links to. Each module
+here makes the sections of one source:
+
+- `course`: the notebooks in notebooks/ (the nav's Course section and the home page's list);
+- `concepts`: tables and figures computed by the package itself when the site is built;
+- `demo`, `bench`, `gemma`: the stored JSON output of a command that was run
+  (docs/data/*.json; `commands` lists the command behind each file and reruns them);
+- `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
+"""
+
+from __future__ import annotations
+
+from . import bench, concepts, course, demo, gemma
+from .common import Section, install
+
+__all__ = ["GENERATORS", "Section"]
+
+GENERATORS = {
+    "install": install,
+    "course": course.course_list,
+    "formats": concepts.formats_table,
+    "schedules": concepts.schedules_figure,
+    "error-model": concepts.error_model_table,
+    "wire-bytes": concepts.wire_bytes_table,
+    "headline": demo.headline,
+    "demo": demo.results,
+    "bench": bench.results,
+    "gemma-headline": gemma.headline,
+    "gemma": gemma.results,
+}

@@ -1,0 +1,57 @@
+"""What every generator shares: paths, the `Section` it returns, tables, figures, stored data."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "data"
+
+
+@dataclasses.dataclass
+class Section:
+    """Markdown to put where a marker was, and the PNG figures it links to (site path -> bytes)."""
+
+    markdown: str
+    figures: dict[str, bytes] = dataclasses.field(default_factory=dict)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def load(name: str):
+    """The stored JSON output docs/data/NAME, or a clear error saying how to make it."""
+    path = DATA / name
+    if not path.is_file():
+        raise FileNotFoundError(f"docs: {path} is missing; make it with "
+                                f"`python docs/hooks.py refresh {name}`")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def repo_url() -> str:
+    """pyproject's `[project.urls] Repository`: the one place the repository URL lives."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
+
+
+def install() -> Section:
+    """The install line, from the repository URL."""
+    return Section(f'```bash\npip install "equarx-ref @ git+{repo_url()}"\n```')
