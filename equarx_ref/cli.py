@@ -213,6 +213,8 @@ def _add_model(sub) -> None:
                    default="bidir_ring", help="default bidir_ring")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
+    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+                   help="save the speedup curves (png, svg, pdf)")
     p.set_defaults(func=_cmd_model)
 
 
@@ -264,10 +266,14 @@ def _cmd_model(args) -> int:
           file=out)
     print("matmuls at 50% of peak bf16 FLOP/s; the paper measured 1.1x (12B) and 1.25x (27B) "
           "on TPU (EQuARX, arXiv 2506.17615).", file=out)
+    report = {"chip": args.chip, "devices": p, "algorithm": alg, "modelled": True,
+              "rows": rows, "crossover_bytes": crossover, "prefill": prefill}
     if args.json:
-        _write_json(args.json, {"chip": args.chip, "devices": p, "algorithm": alg,
-                                "modelled": True, "rows": rows, "crossover_bytes": crossover,
-                                "prefill": prefill})
+        _write_json(args.json, report)
+    if args.plot:
+        from .viz import plot_speedup
+
+        plot_speedup(report).figure.savefig(args.plot, dpi=120)
     return 0
 
 

@@ -51,7 +51,7 @@ from .predict import check_algorithm, device_shape, encoded_bytes
 from .schedule import layout
 
 __all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases",
-           "predicted_time"]
+           "predicted_time", "timeline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +201,29 @@ def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
     q = ph.hbm_bytes / k / chip.hbm_bandwidth + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))
+
+
+def timeline(hops: int, num_chunks: int, compute_s: float, link_s: float
+             ) -> list[tuple[str, int, int, float, float]]:
+    """One device's schedule of a pipelined phase: `(resource, hop, piece, start, end)` events.
+
+    Piece j's hop s is computed (dequantize, add, quantize: `compute_s`) once its hop s - 1 has
+    arrived, then sent (`link_s`); the compute unit and the link each do one thing at a time.
+    Its makespan is what `predicted_time`'s formula approximates; figures draw it as a Gantt
+    chart.
+    """
+    events, compute_free, link_free = [], 0.0, 0.0
+    arrived = [0.0] * num_chunks
+    for s in range(hops):
+        for j in range(num_chunks):
+            start = max(compute_free, arrived[j])
+            compute_free = start + compute_s
+            events.append(("compute", s, j, start, compute_free))
+            send = max(link_free, compute_free)
+            link_free = send + link_s
+            events.append(("link", s, j, send, link_free))
+            arrived[j] = link_free
+    return events
 
 
 def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,

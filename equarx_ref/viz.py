@@ -8,6 +8,10 @@ The `equarx-ref demo` rows (`benchmark.Row`) are drawn by `plot_bytes_error` (er
 bytes sent, both relative: what quantizing buys) and `plot_cpu_time` (CPU time against the
 unquantized ring); `plot_comparison` puts the two side by side for `equarx-ref demo --plot`.
 One colour per wire format and one marker per algorithm (`MARKERS`), in every figure.
+
+`draw_timeline` draws `cost.timeline` as a Gantt chart (the pipeline of one device: compute
+and link bars per piece and hop); `plot_speedup` draws `equarx-ref model` rows (modelled
+speedup against message size).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from matplotlib.lines import Line2D
 from .formats import UNQUANTIZED
 from .schedule import Schedule
 
-__all__ = ["MARKERS", "draw_schedule", "plot_bytes_error", "plot_comparison", "plot_cpu_time"]
+__all__ = ["MARKERS", "draw_schedule", "draw_timeline", "plot_bytes_error", "plot_comparison",
+           "plot_cpu_time", "plot_speedup"]
 
 #: The marker of each algorithm, in every figure of the package.
 MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
@@ -138,3 +143,45 @@ def plot_comparison(rows, path: str | None = None):
     if path:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def draw_timeline(events, ax=None, title: str | None = None):
+    """A Gantt chart of `cost.timeline` events: one row for compute, one for the link; each
+    bar a piece at a hop, coloured by piece. Returns the Axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1.8))
+    rows = {"compute": 1, "link": 0}
+    cmap = plt.get_cmap("tab10")
+    for resource, hop, piece, start, end in events:
+        ax.barh(rows[resource], end - start, left=start, height=0.7, color=cmap(piece % 10),
+                edgecolor="white", linewidth=0.5)
+        if end - start > 0.04 * max(e[4] for e in events):
+            ax.text((start + end) / 2, rows[resource], f"{hop}", ha="center", va="center",
+                    fontsize=7)
+    ax.set_yticks(list(rows.values()))
+    ax.set_yticklabels(list(rows))
+    ax.set_xlabel("time (labels: hop; colours: piece)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+def plot_speedup(report: dict, ax=None):
+    """Modelled speedup over the unquantized AllReduce against message size, from the JSON of
+    `equarx-ref model` (one line per format). Returns the Axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    sizes = [r["message_bytes"] for r in report["rows"]]
+    for i, name in enumerate(("int8", "int4")):
+        ax.plot(sizes, [r[f"{name}_speedup"] for r in report["rows"]], marker="o",
+                color=f"C{i + 1}", label=name)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message (bytes of bf16)")
+    ax.set_ylabel("speedup over bf16 (modelled)")
+    ax.set_title(f"{report['chip']}, {report['devices']} chips, {report['algorithm']}: "
+                 "modelled", fontsize=10)
+    ax.legend()
+    return ax

@@ -111,7 +111,9 @@ def test_model_command_json(tmp_path, capsys):
     from equarx_ref import cli
 
     out = tmp_path / "model.json"
-    assert cli.main(["model", "--chip", "v6e", "--json", str(out)]) == 0
+    assert cli.main(["model", "--chip", "v6e", "--json", str(out),
+                     "--plot", str(tmp_path / "model.png")]) == 0
+    assert (tmp_path / "model.png").stat().st_size > 10_000
     report = json.loads(out.read_text())
     assert report["modelled"] is True and report["chip"] == "v6e"
     sizes = [r["message_bytes"] for r in report["rows"]]
@@ -159,3 +161,25 @@ def test_size_gate_at_the_edge():
         8, fmt=INT8, algorithm="bidir_ring", chip="v5e")
     with pytest.raises(ValueError, match="min_bytes"):
         eq.AllReduce(min_bytes=-1)
+
+
+@pytest.mark.parametrize("q,m,k,hops", [(1, 1, 1, 7), (1, 1, 4, 7), (0.25, 1, 4, 7),
+                                        (1, 0.25, 8, 7), (0.5, 0.5, 8, 3), (2, 0.1, 3, 5)])
+def test_the_pipeline_formula_is_the_timeline_makespan(q, m, k, hops):
+    events = cost.timeline(hops, k, q / k, m / k)
+    makespan = max(end for *_, end in events)
+    qk, mk = q / k, m / k
+    assert makespan == pytest.approx(max(hops * k * max(qk, mk) + min(qk, mk),
+                                         hops * (qk + mk)))
+    per_resource = {}
+    for resource, _, _, start, end in sorted(events, key=lambda e: e[3]):
+        assert start >= per_resource.get(resource, 0.0) - 1e-12  # one thing at a time
+        per_resource[resource] = end
+
+
+def test_timeline_figure(tmp_path):
+    from equarx_ref.viz import draw_timeline
+
+    ax = draw_timeline(cost.timeline(3, 4, 0.1, 0.25), title="k = 4")
+    ax.figure.savefig(tmp_path / "t.png")
+    assert len(ax.patches) == 2 * 3 * 4
