@@ -117,6 +117,12 @@ def install_source(url: str | None = None) -> str:
     )
 
 
+def _shown(path: Path) -> str:
+    """A path as a command line in the checkout would name it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def twin_path(path: Path) -> Path:
     return Path(path).with_suffix(".md")
 
@@ -246,7 +252,7 @@ def twin(paths: list[Path]) -> None:
         if normalize(nb, path):
             nbformat.write(nb, str(path))
         write_twin(nb, path)
-        print(f"{twin_path(path).relative_to(ROOT)}: written from {path.name}")
+        print(f"{_shown(twin_path(path))}: written from {path.name}")
 
 
 def run(path: Path) -> float:
@@ -277,7 +283,7 @@ def run(path: Path) -> float:
     nbformat.write(nb, str(ipynb))
     strip([ipynb])
     write_twin(nbformat.read(str(ipynb), as_version=4), ipynb)
-    print(f"{ipynb.relative_to(ROOT)}: executed in {dt:.1f} s (from {path.name}); twin written")
+    print(f"{_shown(ipynb)}: executed in {dt:.1f} s (from {path.name}); twin written")
     return dt
 
 
@@ -416,7 +422,7 @@ def twin_problems(path: Path) -> list[str]:
     path = Path(path).resolve()
     md = twin_path(path)
     nb = _load(path)
-    fix = f"(run: python notebooks/nbtool.py twin {path.relative_to(ROOT)})"
+    fix = f"(run: python notebooks/nbtool.py twin {_shown(path)})"
     if nb.get("metadata", {}).get("jupytext") != PAIRING:
         return [f"not paired with its text twin: metadata.jupytext should be {PAIRING} {fix}"]
     if not md.exists():
