@@ -247,7 +247,10 @@ def twin(paths: list[Path]) -> None:
 
     require("twin")
     for path in paths:
-        path = Path(path).resolve().with_suffix(".ipynb")
+        path = Path(path).resolve()
+        if path.suffix != ".ipynb":
+            raise SystemExit(f"{path.name}: twin writes the .md from the .ipynb; to keep edits "
+                             "made in the .md, run it instead (nbtool.py run <it>.md)")
         nb = nbformat.read(str(path), as_version=4)
         if normalize(nb, path):
             nbformat.write(nb, str(path))
@@ -342,10 +345,16 @@ def opening_problems(path: Path, url: str | None = None) -> list[str]:
     return out
 
 
+def _parse(src: str) -> ast.Module:
+    """A code cell as Python, IPython's %magic and !shell lines left out."""
+    return ast.parse("\n".join(line for line in src.split("\n")
+                               if not line.lstrip().startswith(("%", "!"))))
+
+
 def _bound(src: str) -> set[str]:
     """Names a cell binds at its top level (assignments, defs, classes)."""
     names = set()
-    for node in ast.parse(src).body:
+    for node in _parse(src).body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef):
             names.add(node.name)
         targets = node.targets if isinstance(node, ast.Assign) else \
@@ -356,7 +365,7 @@ def _bound(src: str) -> set[str]:
 
 
 def _used(src: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Name)
+    return {n.id for n in ast.walk(_parse(src)) if isinstance(n, ast.Name)
             and isinstance(n.ctx, ast.Load)}
 
 
