@@ -2,26 +2,49 @@
 
     python notebooks/nbtool.py new    notebooks/05_topic.ipynb "Title"  # skeleton + opening cells
     python notebooks/nbtool.py header notebooks/*.ipynb                 # refresh badge, install
-    python notebooks/nbtool.py run    notebooks/01_quantization.ipynb   # header, execute, strip
+    python notebooks/nbtool.py run    notebooks/01_quantization.md      # from the text twin...
+    python notebooks/nbtool.py run    notebooks/01_quantization.ipynb   # ...or from the notebook
+    python notebooks/nbtool.py twin   notebooks/*.ipynb                 # (re)write text twins only
     python notebooks/nbtool.py strip  notebooks/*.ipynb                 # strip volatile metadata
     python notebooks/nbtool.py check  notebooks/*.ipynb                 # what the tests check
 
-Every notebook opens the same way (DESIGN.md): a markdown cell with the title, the Colab badge and
-the learning goals; a code cell that installs the package only on Colab; then
+Opening. Every notebook starts the same way: a markdown cell with the title ("# NN · Title"), the
+Colab badge and the learning goals; a code cell that installs the package only on Colab; then
 `eq.setup_devices(8)` with the device report under `# NBVAL_IGNORE_OUTPUT`. The badge and the
 install cell are generated from the one place the repository URL lives, pyproject's
 `[project.urls] Repository`; `header` rewrites them, `check` verifies them.
 
-Notebooks are stored executed (nbval compares the `# NBVAL_CHECK_OUTPUT` cells, the docs site
-renders the outputs) and stripped with `nbstripout --keep-output --keep-count`: without
+Exercises. An exercise is four cells in a row, task before answer:
+  1. a markdown cell stating the task;
+  2. the learner's code cell, open: it contains `# your code here` and runs as given (it binds
+     its names to None, or defines a stub that raises NotImplementedError);
+  3. the reference solution, a code cell whose first line is SOLUTION_TITLE. Colab shows such a
+     cell collapsed (a form); nbtool tags it "solution" (the docs site collapses cells with that
+     tag) and sets `jupyter.source_hidden` (JupyterLab collapses it). It binds its own names
+     (solution_1, ...), never the learner's, so running it does not overwrite an answer;
+  4. a check cell (`# NBVAL_CHECK_OUTPUT`) that uses the names of both cells: it prints the
+     verdict on the reference solution (nbval compares it in CI) and "not yet" for an open answer.
+`check` enforces this order and these rules, so the convention cannot rot.
+
+Text twins. Each notebook is paired by jupytext with a MyST Markdown twin (NN_name.md next to
+NN_name.ipynb) holding the same cells without outputs, so prose changes review as text. Edit
+either one and `run` the file you edited: it wins, the other is rewritten from it. nbval runs the
+executed .ipynb; the twin is never executed by the tests, only compared with it.
+
+Storage. Notebooks are stored executed (nbval compares the `# NBVAL_CHECK_OUTPUT` cells, the docs
+site renders the outputs) and stripped with `nbstripout --keep-output --keep-count`: without
 `--keep-count` the execution counts become null and nbval fails every cell that has output.
 
-Run it with the project's Python (the kernel is that interpreter's own `python3`).
+Run it with the project's Python. The kernel is that interpreter's own `python3`, started with
+this checkout first on PYTHONPATH, so a notebook runs against the package next to it.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,9 +62,29 @@ SETUP_SOURCE = (
     "devices = eq.setup_devices(8)  # 8 real chips if present, else 8 CPU devices\n"
     "print(eq.describe_devices(devices))"
 )
+CHECKED = "# NBVAL_CHECK_OUTPUT"
+SOLUTION_TITLE = '# @title Reference solution { display-mode: "form" }'
+SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["solution"]}
+LEARNER_MARK = "# your code here"
+NOT_YET = "not yet"
+TWIN_FORMAT = "md:myst"
+PAIRING = {"formats": "ipynb," + TWIN_FORMAT}
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 # Notebook-level metadata that is allowed to stay; everything else is volatile.
-KEEP_NB_METADATA = {"kernelspec", "language_info"}
+KEEP_NB_METADATA = {"kernelspec", "language_info", "jupytext"}
+_TEXT = ["nbformat", "jupytext"]
+TOOLS = {"new": _TEXT, "header": _TEXT, "twin": _TEXT, "strip": ["nbstripout"],
+         "check": ["nbstripout", "jupytext"],
+         "run": ["nbformat", "nbclient", "ipykernel", "nbstripout", "jupytext"]}
 TIMEOUT_S = 600
+
+
+def require(command: str) -> None:
+    """Stop before touching any file if a tool the command needs is not installed."""
+    missing = [m for m in TOOLS.get(command, []) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"nbtool {command} needs {', '.join(missing)}: "
+                         f"pip install -e '.[dev]' (nothing was changed)")
 
 
 def repo_url() -> str:
@@ -74,6 +117,16 @@ def install_source(url: str | None = None) -> str:
     )
 
 
+def _shown(path: Path) -> str:
+    """A path as a command line in the checkout would name it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def twin_path(path: Path) -> Path:
+    return Path(path).with_suffix(".md")
+
+
 def _src(cell) -> str:
     s = cell["source"]
     return "".join(s) if isinstance(s, list) else s
@@ -83,41 +136,74 @@ def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def _save(path: Path, nb: dict) -> None:
+# ---- normalizing a notebook in memory --------------------------------------------------------
+
+
+def is_solution(cell) -> bool:
+    return cell["cell_type"] == "code" and _src(cell).split("\n", 1)[0] == SOLUTION_TITLE
+
+
+def normalize(nb, path: Path) -> bool:
+    """Badge in cell 1, install cell 2, setup cell 3 (inserted if absent); solution cells'
+    metadata; pairing metadata; no trailing newlines (a twin could not store them)."""
     import nbformat
 
-    nbformat.write(nbformat.from_dict(nb), str(path))
-
-
-def apply_header(path: Path) -> bool:
-    """Rewrite the badge in cell 1 and the install cell 2; insert cells 2-3 if absent."""
-    import nbformat
-
-    nb = nbformat.read(str(path), as_version=4)
     cells = nb.cells
     if not cells or cells[0].cell_type != "markdown":
         raise SystemExit(f"{path}: the first cell must be markdown (title, badge, goals)")
+    before = nbformat.writes(nb)
     first = cells[0].source
-    new_badge = badge(path)
     if BADGE_RE.search(first):
-        first = BADGE_RE.sub(lambda _: new_badge, first, count=1)
+        first = BADGE_RE.sub(lambda _: badge(path), first, count=1)
     else:  # badge goes right under the title line
         lines = first.split("\n")
-        first = "\n".join([lines[0], "", new_badge, *lines[1:]])
-    changed = first != cells[0].source
+        first = "\n".join([lines[0], "", badge(path), *lines[1:]])
     cells[0].source = first
     if len(cells) > 1 and INSTALL_MARK in cells[1].source:
-        if cells[1].source != install_source():
-            cells[1].source = install_source()
-            changed = True
+        cells[1].source = install_source()
     else:
         cells.insert(1, nbformat.v4.new_code_cell(install_source()))
-        changed = True
     if len(cells) < 3 or "eq.setup_devices(" not in cells[2].source:
         cells.insert(2, nbformat.v4.new_code_cell(SETUP_SOURCE))
-        changed = True
+    for cell in cells:
+        cell.source = cell.source.rstrip("\n")
+        if is_solution(cell):
+            cell.metadata = nbformat.from_dict(SOLUTION_METADATA)
+    nb.metadata["jupytext"] = dict(PAIRING)
+    return nbformat.writes(nb) != before
+
+
+def write_twin(nb, path: Path) -> None:
+    import jupytext
+
+    jupytext.write(nb, str(twin_path(path)), fmt=TWIN_FORMAT)
+
+
+def _read_source(path: Path):
+    """The notebook to run: from the twin if `path` is the .md, else from the .ipynb."""
+    import jupytext
+    import nbformat
+
+    if path.suffix == ".md":
+        nb = jupytext.read(str(path), fmt=TWIN_FORMAT)
+        nb.metadata.pop("jupytext", None)
+        return nb
+    return nbformat.read(str(path), as_version=4)
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+def apply_header(path: Path) -> bool:
+    """Rewrite the opening cells (and the twin, if paired) of a stored notebook."""
+    import nbformat
+
+    path = Path(path)
+    nb = nbformat.read(str(path), as_version=4)
+    changed = normalize(nb, path)
     if changed:
         nbformat.write(nb, str(path))
+        write_twin(nb, path)
     return changed
 
 
@@ -129,58 +215,93 @@ def new(path: Path, title: str) -> None:
         raise SystemExit(f"{path} exists")
     num = path.name.split("_")[0]
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.cells = [
         nbformat.v4.new_markdown_cell(
-            f"# {num} · {title}\n\n{badge(path)}\n\n**You will learn**\n\n- ...\n"),
+            f"# {num} · {title}\n\n{badge(path)}\n\n**You will learn**\n\n- ..."),
         nbformat.v4.new_code_cell(install_source()),
         nbformat.v4.new_code_cell(SETUP_SOURCE),
-        nbformat.v4.new_markdown_cell("## Summary\n\n## Exercises\n"),
+        nbformat.v4.new_markdown_cell("## Summary\n\n## Exercises"),
+        nbformat.v4.new_markdown_cell("### Exercise 1\n\nThe task."),
+        nbformat.v4.new_code_cell(f"answer_1 = None  {LEARNER_MARK}"),
+        nbformat.v4.new_code_cell(f"{SOLUTION_TITLE}\nsolution_1 = ..."),
+        nbformat.v4.new_code_cell(
+            f"{CHECKED}\nprint('reference solution:', solution_1 is not None)\n"
+            f"print('your answer:', '{NOT_YET}' if answer_1 is None else answer_1 == solution_1)"),
     ]
+    normalize(nb, path)
     nbformat.write(nb, str(path))
+    write_twin(nb, path)
 
 
 def strip(paths: list[Path]) -> None:
     """nbstripout --keep-output --keep-count: drop volatile metadata, keep outputs and counts."""
+    require("strip")
     subprocess.run([sys.executable, "-m", "nbstripout", "--keep-output", "--keep-count",
                     *map(str, paths)], check=True)
 
 
+def twin(paths: list[Path]) -> None:
+    """Pair each notebook with its twin and rewrite the twin from the notebook (no execution)."""
+    import nbformat
+
+    require("twin")
+    for path in paths:
+        path = Path(path).resolve()
+        if path.suffix != ".ipynb":
+            raise SystemExit(f"{path.name}: twin writes the .md from the .ipynb; to keep edits "
+                             "made in the .md, run it instead (nbtool.py run <it>.md)")
+        nb = nbformat.read(str(path), as_version=4)
+        if normalize(nb, path):
+            nbformat.write(nb, str(path))
+        write_twin(nb, path)
+        print(f"{_shown(twin_path(path))}: written from {path.name}")
+
+
 def run(path: Path) -> float:
-    """Refresh the header, execute the notebook in place (in its folder), strip it."""
+    """Execute a notebook (sources from `path`, .md or .ipynb) and store it executed, stripped,
+    with its twin. Nothing is written unless every cell ran."""
     import time
 
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
+    require("run")
     path = Path(path).resolve()
-    apply_header(path)
-    nb = nbformat.read(str(path), as_version=4)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    ipynb = path.with_suffix(".ipynb")
+    nb = _read_source(path)
+    normalize(nb, ipynb)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(ipynb.parent)}})
     try:
-        client.execute()
-    finally:
-        nbformat.write(nb, str(path))
+        client.execute(env=env)
+    except CellExecutionError as e:
+        raise SystemExit(f"{ipynb.name}: a cell failed, nothing was written\n{e}") from None
     dt = time.perf_counter() - t0
-    strip([path])
-    print(f"{path.relative_to(ROOT)}: executed in {dt:.1f} s")
+    nbformat.write(nb, str(ipynb))
+    strip([ipynb])
+    write_twin(nbformat.read(str(ipynb), as_version=4), ipynb)
+    print(f"{_shown(ipynb)}: executed in {dt:.1f} s (from {path.name}); twin written")
     return dt
 
 
-def problems(path: Path, url: str | None = None) -> list[str]:
-    """What is wrong with a stored notebook (empty list: nothing). Used by the tests."""
+# ---- checks (used by tests/test_notebooks.py) ----------------------------------------------
+
+
+def opening_problems(path: Path, url: str | None = None) -> list[str]:
+    """The opening cells, cleanliness (metadata, execution counts, errors, nbstripout)."""
     path = Path(path)
     url = url or repo_url()
     nb = _load(path)
     out = []
     cells = nb.get("cells", [])
     if len(cells) < 3:
-        return [f"{path.name}: fewer than three cells"]
+        return ["fewer than three cells"]
     c0, c1, c2 = cells[:3]
     if c0["cell_type"] != "markdown" or not re.match(r"# \d\d · \S", _src(c0)):
         out.append("cell 1 is not a markdown cell starting '# NN · Title'")
@@ -196,8 +317,10 @@ def problems(path: Path, url: str | None = None) -> list[str]:
     if extra:
         out.append(f"volatile notebook metadata {sorted(extra)} (run nbtool.py strip)")
     for i, c in enumerate(cells, 1):
-        if c.get("metadata"):
-            out.append(f"cell {i}: volatile cell metadata {sorted(c['metadata'])}")
+        allowed = SOLUTION_METADATA if is_solution(c) else {}
+        if c.get("metadata", {}) != allowed:
+            out.append(f"cell {i}: metadata {c.get('metadata')} instead of {allowed} "
+                       "(run nbtool.py header)")
         if c["cell_type"] != "code":
             continue
         if _src(c).lstrip().startswith("# NBVAL_SKIP"):
@@ -207,7 +330,13 @@ def problems(path: Path, url: str | None = None) -> list[str]:
         for o in c.get("outputs", []):
             if o.get("output_type") == "error":
                 out.append(f"cell {i}: stored error output {o.get('ename')}")
-    # nbstripout must have nothing left to do
+        if _src(c).startswith(CHECKED) and not c.get("outputs"):
+            out.append(f"cell {i}: a checked cell without stored output to compare")
+    text = "\n".join(_src(c) for c in cells if c["cell_type"] == "markdown")
+    if not re.search(r"^## Summary", text, re.M) or not re.search(r"^## Exercises", text, re.M):
+        out.append("no '## Summary' and '## Exercises' sections")
+    if not any(c["cell_type"] == "code" and _src(c).startswith(CHECKED) for c in cells):
+        out.append(f"no checked cell ({CHECKED})")
     proc = subprocess.run([sys.executable, "-m", "nbstripout", "--keep-output", "--keep-count",
                            "--verify", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -216,12 +345,122 @@ def problems(path: Path, url: str | None = None) -> list[str]:
     return out
 
 
+def _parse(src: str) -> ast.Module:
+    """A code cell as Python, IPython's %magic and !shell lines left out."""
+    return ast.parse("\n".join(line for line in src.split("\n")
+                               if not line.lstrip().startswith(("%", "!"))))
+
+
+def _bound(src: str) -> set[str]:
+    """Names a cell binds at its top level (assignments, defs, classes)."""
+    names = set()
+    for node in _parse(src).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+        for t in targets:
+            names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _used(src: str) -> set[str]:
+    return {n.id for n in ast.walk(_parse(src)) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Load)}
+
+
+def _output_text(cell) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
+def exercise_problems(path: Path) -> list[str]:
+    """Every exercise is task (markdown), open learner cell, reference solution, check."""
+    cells = _load(path)["cells"]
+    out = []
+    solutions = [i for i, c in enumerate(cells) if is_solution(c)]
+    for i, c in enumerate(cells):
+        first = _src(c).split("\n", 1)[0]
+        if c["cell_type"] == "code" and "Reference solution" in first and not is_solution(c):
+            out.append(f"cell {i + 1}: a solution title must read exactly {SOLUTION_TITLE!r}")
+        if c["cell_type"] == "code" and LEARNER_MARK in _src(c) and i + 1 not in solutions:
+            out.append(f"cell {i + 1}: an open exercise cell not followed by its solution")
+    for i in solutions:
+        where = f"exercise at cell {i + 1}"
+        task, learner = (cells[i - 2], cells[i - 1]) if i >= 2 else (None, None)
+        check = cells[i + 1] if i + 1 < len(cells) else None
+        if task is None or task["cell_type"] != "markdown":
+            out.append(f"{where}: no markdown task two cells before the solution")
+        if learner is None or learner["cell_type"] != "code" or LEARNER_MARK not in _src(learner) \
+                or _src(learner).startswith(CHECKED):
+            out.append(f"{where}: the cell before the solution is not the learner's open cell "
+                       f"(a code cell with {LEARNER_MARK!r})")
+            continue
+        if check is None or check["cell_type"] != "code" or not _src(check).startswith(CHECKED):
+            out.append(f"{where}: the solution is not followed by a {CHECKED} cell")
+            continue
+        mine, theirs, used = _bound(_src(learner)), _bound(_src(cells[i])), _used(_src(check))
+        if not mine or mine - used:
+            out.append(f"{where}: the check does not use the learner's {sorted(mine - used)}")
+        if mine & theirs:
+            out.append(f"{where}: the solution rebinds the learner's {sorted(mine & theirs)}")
+        if not theirs & used:
+            out.append(f"{where}: the check uses none of the solution's {sorted(theirs)}")
+        if NOT_YET not in _output_text(check):
+            out.append(f"{where}: the stored check output does not say {NOT_YET!r} for the "
+                       "open learner cell (run it with the learner cell as given)")
+    text = [(i, _src(c)) for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
+    start = next((i for i, s in text if re.search(r"^## Exercises", s, re.M)), None)
+    if start is not None and not any(i > start for i in solutions):
+        out.append("the '## Exercises' section has no exercise with a reference solution")
+    checked_answers = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
+                       and _src(c).startswith(CHECKED)
+                       and any(n.startswith("answer") for n in _used(_src(c)))]
+    out += [f"cell {i + 1}: checks an answer but does not follow a reference solution"
+            for i in checked_answers if i - 1 not in solutions]
+    return out
+
+
+def _cells(nb) -> list[tuple[str, str, dict]]:
+    return [(c["cell_type"], _src(c), dict(c.get("metadata", {}))) for c in nb["cells"]]
+
+
+def twin_problems(path: Path) -> list[str]:
+    """The MyST twin exists, is paired, and holds exactly the notebook's cells."""
+    import jupytext
+
+    path = Path(path).resolve()
+    md = twin_path(path)
+    nb = _load(path)
+    fix = f"(run: python notebooks/nbtool.py twin {_shown(path)})"
+    if nb.get("metadata", {}).get("jupytext") != PAIRING:
+        return [f"not paired with its text twin: metadata.jupytext should be {PAIRING} {fix}"]
+    if not md.exists():
+        return [f"text twin {md.name} is missing {fix}"]
+    text = jupytext.read(str(md), fmt=TWIN_FORMAT)
+    if _cells(text) == _cells(nb):
+        return []
+    a, b = _cells(nb), _cells(text)
+    k = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+    return [f"text twin {md.name} differs from the notebook from cell {k + 1} on "
+            f"({len(b)} cells vs {len(a)}); run the edited file: "
+            f"python notebooks/nbtool.py run <it> (or twin, if the notebook is right)"]
+
+
+def problems(path: Path, url: str | None = None) -> list[str]:
+    """Everything `check` reports for one stored notebook (empty list: nothing)."""
+    return opening_problems(path, url) + exercise_problems(path) + twin_problems(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
     cmd, args = argv[0], [Path(a) for a in argv[1:]]
+    if cmd not in TOOLS:
+        print(f"unknown command {cmd!r}\n{__doc__}")
+        return 2
+    require(cmd)
     if cmd == "new":
         new(args[0], " ".join(map(str, args[1:])) or "Title")
     elif cmd == "header":
@@ -230,9 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     elif cmd == "run":
         for p in args:
             run(p)
+    elif cmd == "twin":
+        twin(args)
     elif cmd == "strip":
         strip(args)
-    elif cmd == "check":
+    else:  # check
         bad = 0
         for p in args:
             for msg in problems(p):
@@ -240,9 +481,6 @@ def main(argv: list[str] | None = None) -> int:
                 bad += 1
         print("ok" if not bad else f"{bad} problem(s)")
         return 1 if bad else 0
-    else:
-        print(f"unknown command {cmd!r}\n{__doc__}")
-        return 2
     return 0
 
 

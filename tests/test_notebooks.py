@@ -3,12 +3,15 @@
 nbval itself runs the notebooks (pytest collects `notebooks/*.ipynb` with `--nbval-lax`); these
 tests check what nbval does not: the Colab badge and install cell agree with the one repository
 URL in pyproject.toml, outputs are stored with their execution counts, volatile metadata is gone,
-and no notebook is left out of the run.
+every exercise shows its task before its answer (nbtool's exercise convention), each notebook's
+MyST text twin holds exactly its cells, and no notebook is left out of the run (or a twin
+collected as one).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import tomllib
@@ -41,25 +44,106 @@ def test_repository_url_lives_in_pyproject():
     assert nbtool.repo_url() == url.rstrip("/")
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+IDS = [p.name for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=IDS)
 def test_notebook_opening_and_cleanliness(nb):
-    """Badge + Colab-only install from pyproject's URL; executed; nbstripout-clean."""
-    problems = nbtool.problems(nb)
+    """Badge + Colab-only install from pyproject's URL; executed; nbstripout-clean; summary,
+    exercises and checked cells with stored outputs."""
+    problems = nbtool.opening_problems(nb)
     assert not problems, f"{nb.name}:\n  " + "\n  ".join(problems)
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_has_checked_cells_and_exercises(nb):
-    import json
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=IDS)
+def test_exercises_show_the_task_before_the_answer(nb):
+    """Task, open learner cell, collapsed reference solution, check cell, in that order."""
+    problems = nbtool.exercise_problems(nb)
+    assert not problems, f"{nb.name}:\n  " + "\n  ".join(problems)
 
-    cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
-    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert any(s.startswith("# NBVAL_CHECK_OUTPUT") for s in code), "no checked cell"
-    assert "## Summary" in text and "## Exercises" in text, "no summary / exercises section"
-    for c in cells:
-        if c["cell_type"] == "code" and "".join(c["source"]).startswith("# NBVAL_CHECK_OUTPUT"):
-            assert c["outputs"], "a checked cell has no stored output to compare"
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=IDS)
+def test_text_twin_in_sync(nb):
+    """The jupytext MyST twin (NN_name.md) holds exactly the notebook's cells."""
+    problems = nbtool.twin_problems(nb)
+    assert not problems, f"{nb.name}:\n  " + "\n  ".join(problems)
+
+
+def _cell(kind, source, **extra):
+    cell = {"cell_type": kind, "metadata": {}, "source": source, **extra}
+    if kind == "code":
+        cell.setdefault("outputs", [])
+        cell.setdefault("execution_count", 1)
+    return cell
+
+
+def _exercise():
+    """A well-formed exercise: task, open cell, reference solution, check (as stored)."""
+    return [
+        _cell("markdown", "### Exercise 1\n\nWhat is 1 + 1?"),
+        _cell("code", f"answer_1 = None  {nbtool.LEARNER_MARK}"),
+        _cell("code", f"{nbtool.SOLUTION_TITLE}\nsolution_1 = 2",
+              metadata=nbtool.SOLUTION_METADATA),
+        _cell("code", f"{nbtool.CHECKED}\nprint('reference solution:', solution_1 == 2)\n"
+                      "print('your answer:', 'not yet' if answer_1 is None else answer_1 == 2)",
+              outputs=[{"output_type": "stream", "name": "stdout",
+                        "text": "reference solution: True\nyour answer: not yet\n"}]),
+    ]
+
+
+def _problems(tmp_path, cells):
+    path = tmp_path / "01_t.ipynb"
+    path.write_text(json.dumps({"cells": [_cell("markdown", "## Exercises"), *cells],
+                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return nbtool.exercise_problems(path)
+
+
+def test_exercise_convention_accepts_a_well_formed_exercise(tmp_path):
+    assert _problems(tmp_path, _exercise()) == []
+
+
+@pytest.mark.parametrize("broken, expected", [
+    (lambda c: [c[0], c[2], c[1], c[3]], "not followed by its solution"),  # answer shown first
+    (lambda c: [_cell("code", "x = 1"), *c[1:]], "no markdown task"),
+    (lambda c: c[:3], "not followed by a # NBVAL_CHECK_OUTPUT cell"),
+    (lambda c: [c[0], c[1], {**c[2], "source": c[2]["source"].replace("solution_1", "answer_1")},
+                c[3]], "rebinds the learner's ['answer_1']"),
+    (lambda c: [*c[:3], {**c[3], "outputs": []}], "does not say 'not yet'"),
+    (lambda c: [*c[:3], {**c[3], "source": f"{nbtool.CHECKED}\nprint(solution_1)"}],
+     "does not use the learner's ['answer_1']"),
+    (lambda c: [c[0], c[1], {**c[2], "source": "# @title Reference solution\nsolution_1 = 2"},
+                c[3]], "must read exactly"),
+    (lambda c: [c[0], {**c[1], "source": "answer_1 = 2"}, *c[2:]], "learner's open cell"),
+    (lambda c: [c[0], c[1], c[3]], "checks an answer but does not follow a reference solution"),
+])
+def test_exercise_convention_finds_each_violation(tmp_path, broken, expected):
+    problems = _problems(tmp_path, broken(_exercise()))
+    assert any(expected in p for p in problems), problems
+
+
+def test_twin_check_notices_a_stale_twin(tmp_path):
+    """An edit to either file that the other lacks is reported; the real twin is in sync."""
+    src = NOTEBOOKS[0]
+    nb, md = tmp_path / src.name, tmp_path / src.with_suffix(".md").name
+    nb.write_bytes(src.read_bytes())
+    md.write_bytes(src.with_suffix(".md").read_bytes())
+    assert nbtool.twin_problems(nb) == []
+    md.write_text(md.read_text(encoding="utf-8").replace("## 1.", "## One.", 1), encoding="utf-8")
+    assert any("differs from the notebook" in p for p in nbtool.twin_problems(nb))
+    md.unlink()
+    assert any("is missing" in p for p in nbtool.twin_problems(nb))
+
+
+def test_run_refuses_before_touching_files_when_a_tool_is_missing(tmp_path, monkeypatch):
+    """`nbtool run` used to rewrite the header and only then fail on a missing nbstripout."""
+    nb = tmp_path / NOTEBOOKS[0].name
+    nb.write_bytes(NOTEBOOKS[0].read_bytes())
+    before = nb.read_bytes()
+    monkeypatch.setitem(nbtool.TOOLS, "run", [*nbtool.TOOLS["run"], "no_such_tool_for_nbtool"])
+    with pytest.raises(SystemExit, match="no_such_tool_for_nbtool"):
+        nbtool.main(["run", str(nb)])
+    assert nb.read_bytes() == before
+    assert not nb.with_suffix(".md").exists()
 
 
 def test_default_run_collects_every_notebook_once():
@@ -80,6 +164,7 @@ def test_default_run_collects_every_notebook_once():
     notebooks = {path for path in collected if path.endswith(".ipynb")}
     assert notebooks == {f"notebooks/{nb.name}" for nb in NOTEBOOKS}, notebooks
     assert not any("nbtool" in path for path in collected), "nbtool.py collected as a test"
+    assert not any(path.endswith(".md") for path in collected), "a text twin collected as a test"
 
 
 def test_sanitize_file_parses():
