@@ -10,9 +10,12 @@ follow from the op alone, by the standard cost of each collective:
                                                  on a ring network: the same count)
     all-reduce           2 (g - 1) / g x operand  (modelled as a ring)
 
-with g the replica-group size. This is where XLA:CPU's habits show: a bf16 psum is an f32
-all-reduce, an fp8 ppermute travels as f16; the collectives of this package bitcast their
-payloads to uint8 so that what is counted is what is sent.
+with g the replica-group size, read from `replica_groups` in any of the notations XLA prints
+(explicit groups, iota `[groups,size]`, or by mesh axes `mesh['a'=2,'b'=4] {'b'}`).
+
+This is where XLA:CPU's habits show: a bf16 psum is an f32 all-reduce, an fp8 ppermute travels
+as f16; the collectives of this package bitcast their payloads to uint8 so that what is counted
+is what is sent.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ def _group_size(line: str, default: int) -> int:
     if m:
         return len(m.group(1).split(","))
     m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
-    return int(m.group(2)) if m else default
+    if m:
+        return int(m.group(2))
+    # newer XLA names the groups by mesh axes: replica_groups=mesh['a'=2,'b'=4] {'b'}
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        sizes = dict(re.findall(r"'?(\w+)'?=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'?(\w+)'?", m.group(2)))
+    return default
 
 
 def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
