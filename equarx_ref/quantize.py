@@ -427,6 +427,9 @@ def encode(x: jax.Array, fmt: Format) -> jax.Array:
 
 def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
     """Wire bytes `[..., nbytes]` -> f32 `[..., n]` (inverse of `encode`)."""
+    if n % fmt.block_size:
+        raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
+                         f"block_size {fmt.block_size} (use from_bytes and dequantize)")
     q = from_bytes(buf, fmt, (n,))
     values = _apply_scale(_decode_elements(q.payload, fmt), q.scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
