@@ -272,7 +272,7 @@ def test_a_nan_anywhere_makes_its_block_non_finite(name, blocks):
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "int8/f32", "int4/b8", "int8/b8", "int8/b64",
-                                  "fp8_e4m3", "mxfp4"])
+                                  "mxint8", "fp8_e4m3", "mxfp4"])
 def test_gaussian_error_constant(name):
     """gaussian_relative_error against a measurement on 2^20 other Gaussian values (relative
     standard error ~0.1%, computed here): a closed form should be within 2%."""
