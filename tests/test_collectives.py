@@ -291,6 +291,11 @@ def test_hlo_byte_counting_of_async_collectives():
         "u8[8,16]{1,0} all-to-all(u8[8,16]{1,0} %x), replica_groups=[1,8]<=[8]":
             {"all-to-all": 112},
         "f32[] all-reduce(f32[] %x), replica_groups={{0,1}}": {"all-reduce": 4},
+        # jax >= 0.11 prints the groups of a 2D mesh by axis name: g = 4 along 'b', 2 along 'a'
+        "u8[4,1,544]{2,1,0} all-gather(u8[1,1,544]{2,1,0} %x), channel_id=1, "
+        "replica_groups=mesh['a'=2,'b'=4] {'b'}, dimensions={0}": {"all-gather": 3 * 544},
+        "u8[2,4,1,544]{3,2,1,0} all-gather(u8[1,4,1,544]{3,2,1,0} %x), channel_id=1, "
+        "replica_groups=mesh['a'=2,'b'=4] {'a'}, dimensions={0}": {"all-gather": 4 * 544},
     }
     for line, expected in lines.items():
         assert eq.hlo_wire_bytes(f"  %op = {line}", 8) == expected, line
