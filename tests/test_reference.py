@@ -191,7 +191,7 @@ def test_small_normal_blocks_follow_the_same_rules(name, mode):
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
-@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3", "fp8_e5m2/b64"])
+@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3"])
 def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
     """amax / elem_max below f32's smallest normal: scale 0, dequantized zeros, and (like an
     all-zero block) a zero payload: with scale 0, x / s means nothing. Just above it the rule
@@ -201,7 +201,7 @@ def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
-@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp8", "mxfp4", "int4/b8/f32"])
+@pytest.mark.parametrize("name", ["int8", "mxfp8", "mxfp4/b16"])
 def test_non_finite_blocks(name, mode):
     """A NaN or inf makes the scale non-finite and every value non-finite; quantize.py
     documents that the payload of such a block is forced to 0."""
