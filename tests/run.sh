@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Install everything the tests need into a fresh virtual environment, then run them all:
 # unit tests, the notebooks (nbval), the docs build and its browser check, Gemma on real weights.
+# Then the two ends of the supported jax range (pyproject.toml: jax>=OLDEST,<NEXT): the unit
+# tests again with the oldest supported jax on this Python, and with the newest on Python 3.12
+# when this machine has one (jax 0.11 and later need 3.12). Under CI=true the oldest-jax
+# environment must build.
+# With arguments (bash tests/run.sh tests/test_x.py -k y), only that pytest run, main env.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The browser check renders the docs in Debian's Chromium; install it where we can (root).
-if ! command -v chromium >/dev/null 2>&1; then
+if [ $# -eq 0 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
       >/dev/null || echo "tests/run.sh: could not install chromium; the browser test will say so"
@@ -17,4 +22,51 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+.venv/bin/python -m pytest
+
+# ---- the ends of the supported jax range: unit tests only ----------------------------------
+UNIT=(tests/test_quantize.py tests/test_reference.py tests/test_collectives.py
+      tests/test_schedule.py tests/test_cli.py tests/test_gemma.py)
+spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')   # e.g. jax>=0.10.0,<0.13
+oldest=$(echo "$spec" | sed -n 's/^jax>=\([0-9.]*\).*/\1/p')
+[ -n "$oldest" ] || { echo "tests/run.sh: no 'jax>=X' lower bound in pyproject.toml" >&2; exit 1; }
+
+unit_tests() {  # unit_tests NAME PYTHON JAX-REQUIREMENT: 0 passed, 1 failed, 2 not built
+  local env=".cache/jax-$1" start=$SECONDS
+  echo "tests/run.sh: unit tests with $3 on $("$2" --version 2>&1) in $env"
+  "$2" -m venv --clear "$env" && "$env/bin/python" -m pip install -q --upgrade pip &&
+    "$env/bin/python" -m pip install -q -e ".[test]" "$3" || return 2
+  "$env/bin/python" -c 'import jax; print("tests/run.sh: jax", jax.__version__)' || return 2
+  "$env/bin/python" -m pytest -q -o addopts="-ra" -n 2 -p no:cacheprovider "${UNIT[@]}" ||
+    return 1
+  echo "tests/run.sh: $1 jax: $((SECONDS - start)) s (install and tests)"
+}
+
+run_end() {  # run_end NAME PYTHON JAX-REQUIREMENT: a failed test always fails the run
+  local status=0
+  unit_tests "$@" || status=$?
+  if [ "$status" = 2 ]; then
+    echo "tests/run.sh: could not build the $1-jax environment ($3)" >&2
+    [ "${CI:-}" = true ] && exit 2
+    echo "tests/run.sh: SKIPPED the $1-jax run (not under CI=true)"
+  elif [ "$status" != 0 ]; then
+    exit "$status"
+  fi
+}
+
+run_end oldest python3 "jax==$oldest"
+
+py312=""
+for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
+                 /usr/bin/python3.12 /usr/local/bin/python3.12; do
+  if "$candidate" -c 'import sys, venv; assert sys.version_info[:2] == (3, 12)' 2>/dev/null
+  then py312=$candidate; break; fi
+done
+if [ -z "$py312" ]; then
+  echo "tests/run.sh: SKIPPED the newest-jax run: no Python 3.12 interpreter on this machine"
+else
+  run_end newest "$py312" "$spec"  # pip picks the newest jax the bound allows
+fi

@@ -109,31 +109,6 @@ def test_format_names_refused_clearly():
         eq.Format.parse("bf16")
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4", "int8_f32_b16"])
-def test_scales_against_an_independent_numpy_rule(name):
-    """amax / elem_max rounded up to the scale dtype (MX: 2^ceil(log2(amax / elem_max)))."""
-    import ml_dtypes
-
-    fmt = FORMATS[name]
-    rng = np.random.default_rng(5)
-    x = (rng.standard_normal((256, fmt.block_size)) * 10.0 ** rng.uniform(-20, 20, (256, 1)))
-    x = x.astype(np.float32)
-    amax = np.abs(x).max(1).astype(np.float64)
-    if fmt.is_mx:
-        want = 2.0 ** np.ceil(np.log2(amax / fmt.elem_max))
-    else:
-        dtype = ml_dtypes.bfloat16 if fmt.scale_dtype == "bfloat16" else np.float32
-        ratio = amax.astype(np.float32) / np.float32(fmt.elem_max)  # in f32, as documented
-        want = ratio.astype(dtype).astype(np.float64)
-        up = np.nextafter(ratio.astype(dtype), np.array(np.inf, dtype)).astype(np.float64)
-        want = np.where(want < ratio, up, want)
-    got = np.asarray(_scales_fn(fmt)(jnp.asarray(x.reshape(-1))), np.float64)
-    if fmt.scale_dtype == "float32":  # XLA divides by the constant elem_max via its reciprocal
-        np.testing.assert_allclose(got, want, rtol=2**-23, atol=0)
-    else:
-        np.testing.assert_array_equal(got, want)
-
-
 def test_grids():
     assert list(eq.Format.mxfp4().grid) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
     assert eq.Format.fp8_e4m3().grid.max() == 448 and len(eq.Format.fp8_e4m3().grid) == 127
@@ -244,18 +219,73 @@ def test_wire_layout_and_packing():
         from_bytes(jnp.zeros(7, jnp.uint8), eq.Format.int8(), (32,))
 
 
-def test_quantized_is_a_pytree():
-    q = eq.quantize(jnp.ones((4, 16)), eq.Format.int4(block_size=8))
-    leaves = jax.tree_util.tree_leaves(q)
-    assert len(leaves) == 2
-    q2 = jax.jit(lambda q: q)(q)
-    assert q2.shape == (4, 16) and q2.fmt == q.fmt
+def test_quantized_is_a_pytree_with_static_metadata():
+    q = eq.quantize(jax.random.normal(jax.random.key(4), (4, 16)), eq.Format.int4(block_size=8))
+    leaves, tree = jax.tree_util.tree_flatten(q)
+    assert [leaf.dtype for leaf in leaves] == [jnp.uint8, jnp.bfloat16]
+    back = jax.tree_util.tree_unflatten(tree, leaves)
+    assert (back.shape, back.dtype, back.fmt) == ((4, 16), "float32", q.fmt)
+    # through jit as an argument: the static fields travel in the tree, the arrays as data
+    np.testing.assert_array_equal(jax.jit(eq.dequantize)(q), eq.dequantize(q))
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["int8", "int4/b16", "mxfp4", "fp8_e5m2/b64/f32"])
+def test_stacked_buffers_dequantize_with_their_leading_axes(name):
+    """from_bytes of a [k, nbytes] buffer (what a gather brings) -> dequantize -> [k, *shape],
+    row i equal to the dequantized row i, under jit and vmap alike."""
+    fmt = eq.Format.parse(name)
+    shape = (3, 50)  # 150 values: a partial last block
+    xs = jax.random.normal(jax.random.key(6), (5, *shape))
+    bufs = jnp.stack([to_bytes(eq.quantize(x, fmt)) for x in xs])  # [5, nbytes]
+    assert bufs.shape == (5, fmt.nbytes(150))
+    q = from_bytes(bufs, fmt, shape)
+    assert q.payload.shape[0] == q.scales.shape[0] == 5
+    y = np.asarray(eq.dequantize(q))
+    assert y.shape == (5, *shape)
+    for x, row in zip(xs, y, strict=True):
+        np.testing.assert_array_equal(row, _roundtrip(fmt)(x))
+    np.testing.assert_array_equal(jax.jit(eq.dequantize)(q), y)
+    per_row = jax.vmap(lambda b: eq.dequantize(from_bytes(b, fmt, shape)))(bufs)
+    np.testing.assert_array_equal(per_row, y)
+    more = from_bytes(bufs.reshape(5, 1, -1), fmt, shape)  # two leading axes
+    assert eq.dequantize(more).shape == (5, 1, *shape)
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp8", "int4/b16"])
+@pytest.mark.parametrize("blocks", [4, 500, 2000])
+def test_a_nan_anywhere_makes_its_block_non_finite(name, blocks):
+    """In small and large arrays alike, at the first, a middle and the last block, and at the
+    block's first and last element; the other blocks stay finite."""
+    fmt = eq.Format.parse(name)
+    B = fmt.block_size
+    f = _roundtrip(fmt)
+    missed = []
+    for block in (0, blocks // 2, blocks - 1):
+        for i in (0, B - 1):
+            x = np.ones((blocks, B), np.float32)
+            x[block, i] = np.nan
+            y = np.asarray(f(jnp.asarray(x.reshape(-1)))).reshape(blocks, B)
+            if np.isfinite(y[block]).any():
+                missed.append((block, i))
+            assert np.isfinite(np.delete(y, block, axis=0)).all()
+    assert not missed, f"NaN at (block, element) {missed} came back finite"
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "int8/f32", "int4/b8", "int8/b8", "int8/b64",
+                                  "mxint8", "fp8_e4m3", "mxfp4"])
 def test_gaussian_error_constant(name):
-    fmt = FORMATS[name]
-    x = jax.random.normal(jax.random.key(3), (1 << 16,))
-    measured = float(jnp.linalg.norm(_roundtrip(fmt)(x) - x) / jnp.linalg.norm(x))
+    """gaussian_relative_error against a measurement on 2^20 other Gaussian values (relative
+    standard error ~0.1%, computed here): a closed form should be within 2%."""
+    fmt = eq.Format.parse(name)
+    x = jax.random.normal(jax.random.key(3), (1 << 20,))
+    err2 = np.asarray((_roundtrip(fmt)(x) - x) ** 2, np.float64).reshape(256, -1).sum(1)
+    x2 = np.asarray(x, np.float64).reshape(256, -1) ** 2
+    x2 = x2.sum(1)
+    ratio = err2.sum() / x2.sum()
+    se = np.sqrt(256 / 255 * ((err2 - ratio * x2) ** 2).sum()) / x2.sum() / ratio / 2
+    measured = np.sqrt(ratio)
     predicted = eq.gaussian_relative_error(fmt)
-    assert abs(measured / predicted - 1) < 0.03, (measured, predicted)
+    assert se < 0.02 / 5, f"relative SE {se:.2%}"
+    assert abs(measured / predicted - 1) < 0.02, (
+        f"{name}: measured {measured:.6f} (+- {se:.2%}), predicted {predicted:.6f}, "
+        f"ratio {measured / predicted:.4f}")

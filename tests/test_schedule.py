@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import equarx_ref as eq
@@ -83,3 +84,100 @@ def test_bad_input():
         eq.make_schedule("two_shot", (2, 2))
     with pytest.raises(ValueError, match="p must be >= 1"):
         eq.ring_schedule(0)
+
+
+# ---- quantized_sizes: what the error model reads off a schedule --------------------------
+
+
+def _expected_sizes(algorithm, shape):
+    """By hand. Ring over p: the hops quantize partial sums of 1, 2, ..., p - 1 inputs, the
+    gather the full sum of p (the bidirectional ring's chunk 0 travels one ring the same way).
+    Two-shot: every input once, then the owner's sum. One-shot: every input once. Torus
+    (p1, p2): each of the p2 rings along axis 0 quantizes its own 1..p1-1, the ring along axis
+    1 carries column sums of p1 inputs (p1, 2 p1, ..., (p2 - 1) p1), the gather p1 p2."""
+    if len(shape) == 2:
+        p1, p2 = shape
+        return sorted([*range(1, p1)] * p2 + [p1 * k for k in range(1, p2)] + [p1 * p2])
+    p = shape[0]
+    if p == 1:
+        return []  # one device: all_reduce sends and quantizes nothing
+    return {"ring": list(range(1, p + 1)), "bidir_ring": list(range(1, p + 1)),
+            "two_shot": [1] * p + [p], "one_shot": [1] * p}[algorithm]
+
+
+def _symbolic_run(sched):
+    """Execute a schedule on expressions, as the collectives' essay describes the executor:
+    ("x", d) is device d's input, ("+", ...) an f32 sum, ("Q", e) e quantized and decoded.
+    Returns final[device][chunk]."""
+    p, chunks = sched.p, sched.num_chunks
+    held = [[("x", d)] * chunks for d in range(p)]
+    for step in (s for s in sched.steps if s.phase == "reduce"):
+        new = [row[:] for row in held]
+        if step.kind == "permute":  # receiver: its own copy + the sender's copy, quantized
+            for t in step.transfers:
+                for c in t.chunks:
+                    new[t.dst][c] = ("+", ("Q", held[t.src][c]), held[t.dst][c])
+        else:  # all_to_all / all_gather: every contribution quantized, own included, rank order
+            senders = {}
+            for t in step.transfers:
+                for c in t.chunks:
+                    senders.setdefault((t.dst, c), {t.dst}).add(t.src)
+            for (d, c), srcs in senders.items():
+                new[d][c] = ("+", *(("Q", held[r][c]) for r in sorted(srcs)))
+        held = new
+    gathers = [s for s in sched.steps if s.phase == "gather"]
+    if not gathers:
+        return held
+    # gather phase: owners encode their chunks once; the gathers forward those bytes
+    wire = [[None] * chunks for _ in range(p)]
+    for c, owners in enumerate(sched.owners):
+        wire[owners[0]][c] = ("Q", held[owners[0]][c])
+    for step in gathers:
+        new = [row[:] for row in wire]
+        for t in step.transfers:
+            for c in t.chunks:
+                assert wire[t.src][c] is not None, f"device {t.src} forwards chunk {c} it lacks"
+                new[t.dst][c] = wire[t.src][c]
+        wire = new
+    return wire
+
+
+def _leaves(e):
+    return [e[1]] if e[0] == "x" else [leaf for sub in e[1:] for leaf in _leaves(sub)]
+
+
+def _quantized(e):
+    """Sizes (inputs summed) of every quantization in expression e."""
+    if e[0] == "x":
+        return []
+    inner = [k for sub in e[1:] for k in _quantized(sub)]
+    return [len(_leaves(e[1])), *inner] if e[0] == "Q" else inner
+
+
+@pytest.mark.parametrize("algorithm,shape", list(_schedules()))
+def test_quantized_sizes_by_hand_and_by_symbolic_execution(algorithm, shape):
+    sched = eq.make_schedule(algorithm, shape)
+    final = _symbolic_run(sched)
+    for d in range(sched.p):
+        for c in range(sched.num_chunks):
+            assert final[d][c] == final[0][c], f"device {d} chunk {c} differs from device 0"
+            assert sorted(_leaves(final[d][c])) == list(range(sched.p))
+    simulated = sorted(_quantized(final[0][0])) if sched.p > 1 else []
+    expected = _expected_sizes(algorithm, shape)
+    assert simulated == expected
+    p = shape if len(shape) == 2 else shape[0]
+    assert eq.quantized_sizes(p, algorithm=algorithm) == expected
+    if sched.p > 1:  # the error model: c * sqrt(mean over chunks of sum(sizes) / p)
+        fmt = eq.Format.int4()
+        mean = np.mean([sum(_quantized(final[0][c])) for c in range(sched.num_chunks)])
+        assert eq.predicted_relative_error(p, fmt=fmt, algorithm=algorithm) == pytest.approx(
+            eq.gaussian_relative_error(fmt) * np.sqrt(mean / sched.p), rel=1e-12)
+
+
+def test_quantized_sizes_refuses_psum_and_bad_shapes():
+    with pytest.raises(ValueError, match="psum quantizes nothing"):
+        eq.quantized_sizes(4, algorithm="psum")
+    with pytest.raises(ValueError, match="pair of mesh axes"):
+        eq.quantized_sizes((2, 2), algorithm="two_shot")
+    with pytest.raises(ValueError, match="p"):
+        eq.quantized_sizes(0, algorithm="ring")
