@@ -12,7 +12,7 @@ For the ring that is 2 (p - 1) chunks of n / p values: 2 (p - 1) / p * n * bits 
 int8 with a bf16 scale per 32 (8.5 bits) sends 16 / 8.5 = 1.88x fewer bytes than bf16.
 
 Error. Quantizing one value costs a relative RMS error `c = gaussian_relative_error(fmt)` (for
-i.i.d. Gaussian data; about 0.54% for int8, 9.4% for int4, block 32, bf16 scale). A partial sum
+i.i.d. Gaussian data; about 0.55% for int8, 9.7% for int4, block 32, bf16 scale). A partial sum
 of k inputs has k times an input's variance, and its quantization error scales with it; errors of
 different quantizations are independent. So a value whose history went through quantized partial
 sums of sizes k_1, k_2, ... ends with error variance c^2 s^2 sum(k_i), and relative to the exact
@@ -193,25 +193,33 @@ def quantized_sizes(p, *, algorithm: str) -> list[int]:
 def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 0) -> float:
     """Relative RMS error of one quantization of i.i.d. Gaussian values, ||x' - x|| / ||x||.
 
-    Integer grids, in closed form: the step is s = amax / qmax (rounded up to the scale dtype,
-    a factor below 1 + 2^-7 for bf16), the error is uniform over a step for every element but
-    the block's largest, which sits on the grid's end (error ~0), so
+    Integer grids, in closed form. The step is s = u amax / qmax, u >= 1 the factor by which
+    the scale is rounded up to its dtype (below 1 + 2^-7 for bf16). Every element but the
+    block's largest has an error uniform over a step (variance s^2 / 12); the largest sits at
+    qmax / u in steps, off the grid by e = qmax / u - round(qmax / u): about nothing for int4
+    (7 / u rounds to 7), about uniform for int8 (127 / u spans [126, 127]). So
 
-        rel^2 = (B - 1) / B * E[amax^2] / (12 qmax^2)       (x ~ N(0, 1), amax of B values)
+        rel^2 = E[amax^2] / qmax^2 * ((B - 1) / 12 * E[u^2] + E[u^2 e^2]) / B
 
-    with E[amax^2] = integral_0^inf 2m (1 - erf(m / sqrt 2)^B) dm, integrated numerically.
+    for x ~ N(0, 1), with E[amax^2] = integral_0^inf 2m (1 - erf(m / sqrt 2)^B) dm and the
+    averages over u taken with the scale's mantissa log-uniform, both integrated numerically.
     Float grids have a step that follows each value's binade, and a power-of-two (E8M0) scale
     lands anywhere up to 2x above amax / qmax; there the constant is measured with this
     package's own quantizer on `samples` seeded Gaussian values.
     """
     count(samples, "samples", minimum=1024)
     if fmt.is_int and not fmt.is_mx:  # a power-of-two scale is up to 2x coarse: measured
-        b = fmt.block_size
+        b, qmax = fmt.block_size, fmt.elem_max
         m = np.linspace(0.0, 12.0, 120001)
         erf = np.vectorize(math.erf)(m / math.sqrt(2.0))
         integrand = 2 * m * (1 - erf**b)
         e_amax2 = float(np.sum((integrand[1:] + integrand[:-1]) / 2) * (m[1] - m[0]))
-        return math.sqrt((b - 1) / b * e_amax2 / 12.0) / fmt.elem_max
+        frac = 7 if fmt.scale_dtype == "bfloat16" else 23  # fraction bits of the scale
+        mant = np.exp(np.linspace(0.0, math.log(2.0), 200001))  # log-uniform in [1, 2)
+        u = np.ceil(mant * 2.0**frac) / 2.0**frac / mant
+        e = qmax / u - np.round(qmax / u)
+        return math.sqrt(e_amax2 / qmax**2 * ((b - 1) / 12 * np.mean(u**2)
+                                               + np.mean(u**2 * e**2)) / b)
     x = jax.random.normal(jax.random.key(seed), (samples,), jnp.float32)
     err = dequantize(quantize(x, fmt)) - x
     return float(jnp.linalg.norm(err) / jnp.linalg.norm(x))
