@@ -386,6 +386,7 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, netw
             "link_seconds": slowest(key + " wire"),
             "add_seconds": slowest(f"add {r['message_bytes']}"),
             "model_bytes_per_device": r["model_bytes"], "digest": r["digest"],
+            "link_bytes_per_device": r["wire_hlo_bytes"],
             "bitwise_equal": len(digests) == 1 and (
                 reference is None or reference["digests"][key] in digests),
         })
@@ -414,9 +415,9 @@ def _inputs(n: int, host: int):
 
 
 def _programs(mesh, algorithm: str, fmt_name: str, n: int):
-    """(the AllReduce, its sends alone) as jitted shard_maps over `mesh`'s one axis "h"."""
+    """The AllReduce and its sends alone (jitted shard_maps over `mesh`'s axis "h"), and the
+    byte sizes of the messages the second one takes."""
     import jax
-    import jax.numpy as jnp
     from jax import lax
     from jax.sharding import PartitionSpec as P
 
@@ -440,20 +441,20 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
              ("all_gather", enc(m) * (owned if s.phase == "gather" else sched.num_chunks))
              for s in sched.steps]
 
-    def wire(buf):  # buf: uint8 [1, B]; every received message feeds the output
-        got = []
-        for kind, size, *pairs in sizes:
-            msg = buf[0, :size]
+    def wire(*bufs):  # one uint8 [1, size] buffer per message; each result is an output, so
+        got = []      # XLA can neither drop a send nor shrink it to the bytes used
+        for (kind, _, *pairs), msg in zip(sizes, bufs, strict=True):
             if kind == "permute":
-                got.append(lax.ppermute(msg, "h", [(t.src, t.dst) for t in pairs[0]])[:1])
+                got.append(lax.ppermute(msg, "h", [(t.src, t.dst) for t in pairs[0]]))
             elif kind == "all_to_all":
-                got.append(lax.all_to_all(msg.reshape(p, -1), "h", 0, 0)[:, 0])
+                got.append(lax.all_to_all(msg.reshape(p, -1), "h", 0, 0).reshape(1, -1))
             else:
-                got.append(lax.all_gather(msg, "h")[:, 0])
-        return jnp.concatenate(got)[None]
+                got.append(lax.all_gather(msg, "h", axis=1, tiled=True))
+        return tuple(got)
 
-    big = max(s for _, s, *_ in sizes)
-    return reduce, jax.jit(jax.shard_map(wire, mesh=mesh, in_specs=P("h"), out_specs=P("h"))), big
+    sends = jax.jit(jax.shard_map(wire, mesh=mesh, in_specs=P("h"), out_specs=P("h"),
+                                  check_vma=False))
+    return reduce, sends, [size for _, size, *_ in sizes]
 
 
 def _digest(y) -> str:
@@ -488,11 +489,11 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     times: dict[str, list[float]] = {}
 
     def timed(key, fn, *args, repeats=spec["repeats"]):
-        fn(*args).block_until_ready()  # compile, warm up
+        jax.block_until_ready(fn(*args))  # compile, warm up
         for _ in range(repeats):
             multihost_utils.sync_global_devices("timed")
             t0 = time.perf_counter()
-            fn(*args).block_until_ready()
+            jax.block_until_ready(fn(*args))
             times.setdefault(key, []).append(time.perf_counter() - t0)
         return statistics.median(times[key])
 
@@ -521,14 +522,17 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
         timed(f"add {nbytes}", jax.jit(lambda a: a + a), x.addressable_data(0))
         for algorithm, fmt in spec["configs"]:
             key = f"{algorithm} {fmt} {nbytes}"
-            reduce, wire, big = _programs(mesh, algorithm, fmt, n)
+            reduce, sends, message_sizes = _programs(mesh, algorithm, fmt, n)
             compiled = reduce.lower(x).compile()
             timed(key, compiled, x)
-            timed(key + " wire", wire, global_array(np.ones(big, np.uint8)))
+            bufs = [global_array(np.ones(size, np.uint8)) for size in message_sizes]
+            sends = sends.lower(*bufs).compile()
+            timed(key + " wire", sends, *bufs)
             runs.append({"key": key, "algorithm": algorithm, "format": fmt,
                          "message_bytes": nbytes, "digest": _digest(
                              compiled(x).addressable_data(0)),
                          "hlo_bytes": round(sum(hlo_wire_bytes(compiled.as_text(), p).values())),
+                         "wire_hlo_bytes": round(sum(hlo_wire_bytes(sends.as_text(), p).values())),
                          "model_bytes": wire_bytes(n, p, fmt=parse_format(fmt),
                                                    algorithm=algorithm)})
             done += 1

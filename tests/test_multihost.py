@@ -27,7 +27,8 @@ def test_two_hosts_on_loopback_are_bitwise_one_process():
     assert not bad, f"hosts or the single-process run disagree: {bad}"
     assert len({r["digest"] for r in rows.values()}) == len(rows)  # the check can tell apart
     for key, r in rows.items():
-        assert r["wire_bytes_per_device"] == r["model_bytes_per_device"], key
+        assert r["wire_bytes_per_device"] == r["model_bytes_per_device"] \
+            == r["link_bytes_per_device"], key
         assert r["seconds"] > 0 and r["predicted_seconds"] > 0 and r["link_seconds"] > 0, key
     assert rows["ring", "bf16"]["speedup_vs_bf16"] == 1.0
 
