@@ -1,7 +1,7 @@
 """equarx-ref: quantized AllReduce side by side: error, bytes on the wire, speed.
 
     equarx-ref demo     every algorithm x format side by side: bits, bytes, error, CPU time
-    equarx-ref bench    quantize+dequantize throughput against a plain elementwise pass
+    equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
 
@@ -117,24 +117,69 @@ def _cmd_demo(args) -> int:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="quantize+dequantize throughput against an elementwise pass",
-                       description="Time quantize+dequantize of a large f32 array against the "
-                       "cheapest pass over the same memory (x + 1), side by side in one run, "
-                       "for several formats. CPU timings on this machine.")
-    p.add_argument("--mib", type=_at_least(1), default=64,
-                   help="array size in MiB of f32 (default 64)")
-    p.add_argument("--repeats", type=_at_least(1), default=5,
-                   help="timed calls per format; the median is kept (default 5)")
+    from .formats import FORMAT_NAMES, UNQUANTIZED, format_label, parse_format
+    from .multihost import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, parse_rate
+    from .predict import ALGORITHMS
+
+    def fmt_name(text):
+        try:
+            return format_label(parse_format(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    def rate(text):
+        try:
+            parse_rate(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    p = sub.add_parser("bench", help="quantizer throughput; with --hosts, a real multi-host run",
+                       description="Without --hosts: time quantize+dequantize of a large f32 "
+                       "array against the cheapest pass over the same memory (x + 1), side by "
+                       "side in one run, for several formats. With --hosts N: N processes form "
+                       "one JAX job (gloo over TCP) and time every algorithm x format x message "
+                       "size against the bf16 ring and the time model; as root, --link caps "
+                       "each host's own network namespace at that rate (else: loopback, "
+                       "uncapped). CPU timings on this machine.")
+    p.add_argument("--mib", type=_at_least(1), nargs="+", default=None,
+                   help="sizes in MiB: of the f32 array (default 64), or with --hosts of each "
+                   "host's bf16 message (default 1 2 4 8 16 32 64)")
+    p.add_argument("--repeats", type=_at_least(1), default=None,
+                   help="timed calls per configuration; the median is kept (default 5, "
+                   "with --hosts 3)")
+    p.add_argument("--hosts", type=_at_least(2), default=None,
+                   help="run as this many processes (emulated hosts) of one JAX job")
+    p.add_argument("--link", metavar="RATE", type=rate, default=None,
+                   help="with --hosts, as root: cap each host's link, e.g. 100mbit, 1gbit")
+    p.add_argument("--algorithms", nargs="+", choices=[a for a in ALGORITHMS if a != "psum"],
+                   default=list(DEFAULT_ALGORITHMS),
+                   help=f"with --hosts (default: {' '.join(DEFAULT_ALGORITHMS)})")
+    p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT",
+                   default=list(DEFAULT_FORMATS),
+                   help=f"with --hosts: {UNQUANTIZED} (unquantized), {', '.join(FORMAT_NAMES)} "
+                   f"or a variant such as int4/b16 (default: {' '.join(DEFAULT_FORMATS)})")
+    p.add_argument("--timeout", type=_at_least(10), default=600,
+                   help="with --hosts: seconds the whole run may take (default 600)")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
-                   help="write the results as JSON ('-' for stdout)")
+                   help="write the results as JSON ('-' for stdout, then the table goes to "
+                   "stderr)")
+    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+                   help="with --hosts: save a figure (png, svg, pdf)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args) -> int:
+    if args.hosts is not None:
+        return _cmd_bench_hosts(args)
+    if args.link or args.plot:
+        raise ValueError("--link and --plot go with --hosts")
     from . import benchmark
     from .formats import Format
 
-    results = [benchmark.quantizer_throughput(f, mib=args.mib, repeats=args.repeats)
+    results = [benchmark.quantizer_throughput(f, mib=mib, repeats=args.repeats or 5)
+               for mib in args.mib or [64]
                for f in (Format.int8(), Format.int4(), Format.fp8_e4m3(), Format.mxfp4())]
     out = sys.stderr if args.json == "-" else sys.stdout
     print(_table(["format", "MiB", "quantize+dequantize", "x + 1", "ratio", "GiB/s"],
@@ -145,6 +190,50 @@ def _cmd_bench(args) -> int:
     if args.json:
         _write_json(args.json, results)
     return 0
+
+
+def _cmd_bench_hosts(args) -> int:
+    import shlex
+
+    from . import multihost
+
+    mib, repeats = args.mib or [m >> 20 for m in multihost.DEFAULT_SIZES], args.repeats or 3
+    command = ["equarx-ref", "bench", "--hosts", str(args.hosts),
+               *(["--link", args.link] if args.link else []), "--mib", *map(str, mib),
+               "--algorithms", *args.algorithms, "--formats", *args.formats,
+               "--repeats", str(repeats), *(["--json", args.json] if args.json else [])]
+    try:
+        result = multihost.run(args.hosts, link=args.link, sizes=[m << 20 for m in mib],
+                               algorithms=args.algorithms, formats=args.formats,
+                               repeats=repeats, timeout=args.timeout,
+                               progress=not args.no_progress)
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as e:
+        print(f"equarx-ref bench: {'interrupted' if isinstance(e, KeyboardInterrupt) else e}"
+              " (hosts, namespaces and links removed)", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
+    out = sys.stderr if args.json == "-" else sys.stdout
+    c = result["chip"]
+    print(f"{result['network']}; measured: link {c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, "
+          f"hop latency {c['hop_latency'] * 1e6:.0f} us, memory {c['hbm_bandwidth'] / 1e9:.2f} "
+          f"GB/s per host (these make the model's Chip)", file=out)
+    print(_table(["algorithm", "format", "message", "bytes/device", "seconds", "model",
+                  "vs bf16 ring", "link", "compute", "plain add", "bitwise"],
+                 [[r["algorithm"], r["format"], _size(r["message_bytes"]),
+                   f"{r['wire_bytes_per_device']:,}", f"{r['seconds']:.4f}",
+                   f"{r['predicted_seconds']:.4f}", f"{r['speedup_vs_bf16']:.2f}x",
+                   f"{r['link_seconds']:.4f}", f"{r['compute_seconds']:.4f}",
+                   f"{r['add_seconds']:.4f}", "yes" if r["bitwise_equal"] else "NO"]
+                  for r in result["results"]]), file=out)
+    print("seconds: median over repeats of the slowest host, one AllReduce, CPU processes "
+          "on this machine. model: cost.predicted_time with the measured figures. link: the "
+          "same sends on ready-made buffers; compute: seconds - link. bitwise: every host and "
+          "one process with simulated devices agree bit for bit.", file=out)
+    if args.json:
+        _write_json(args.json, {"command": shlex.join(command), **result})
+    if args.plot:
+        multihost.plot(result, args.plot)
+        print(f"figure: {args.plot}", file=out)
+    return 0 if all(r["bitwise_equal"] for r in result["results"]) else 1
 
 
 def _add_gemma(sub) -> None:

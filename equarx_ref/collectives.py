@@ -98,43 +98,87 @@ def _rank_order_sum(parts: jax.Array) -> jax.Array:
     return total
 
 
-def _reduce_phase(sched: Schedule, acc: jax.Array, codec: _Codec, axes, me) -> jax.Array:
-    """Run the reduce steps on acc [chunks, m]: afterwards each owner holds its chunks' sums."""
-    p, m = sched.p, acc.shape[1]
+class _Held:
+    """Where each device's current value of each chunk lives, known when tracing.
+
+    A chunk is either still the device's own input row (`x`, in its own dtype, converted to the
+    accumulation dtype where it is read) or row j of the sums some step made. The schedules are
+    the same on every device up to a rotation, so a step reads its chunks from the same source
+    on every device, only at a device-dependent row (a table indexed by `me`): nothing is copied
+    into a whole-message accumulator, and a hop's dequantize-add-quantize reads the received
+    bytes and one input chunk and writes the next message.
+    """
+
+    def __init__(self, sched: Schedule, x: jax.Array, acc, me):
+        self.p, self.me, self.acc = sched.p, me, acc
+        self.sources: list[jax.Array] = [x]  # source 0: the input rows [chunks, m]
+        self.where = [[(0, c) for c in range(sched.num_chunks)] for _ in range(self.p)]
+
+    def rows(self, chunks_of) -> jax.Array:
+        """This device's current values of the chunks `chunks_of(d)` names on device d."""
+        wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
+        parts = []
+        for i in range(len(wanted[0])):  # runs of consecutive rows of one source
+            src = wanted[0][i][0]
+            if parts and parts[-1][0] == src and \
+                    all(w[i] == (src, w[i - 1][1] + 1) for w in wanted):
+                parts[-1][2] += 1
+                continue
+            if any(w[i][0] != src for w in wanted):
+                raise ValueError("the schedule reads different sources on different devices")
+            parts.append([src, [w[i][1] for w in wanted], 1])
+        out = [lax.dynamic_slice_in_dim(self.sources[src], _table(first)[self.me], size)
+               for src, first, size in parts]
+        out = out[0] if len(out) == 1 else jnp.concatenate(out)
+        return out.astype(self.acc)
+
+    def store(self, values: jax.Array, chunks_of) -> None:
+        """`values` [k, m] are now device d's chunks `chunks_of(d)`."""
+        self.sources.append(values)
+        for d in range(self.p):
+            for j, c in enumerate(chunks_of(d)):
+                self.where[d][c] = (len(self.sources) - 1, j)
+
+
+def _reduce_phase(sched: Schedule, held: _Held, codec: _Codec, axes) -> None:
+    """Run the reduce steps: afterwards each owner holds its chunks' sums."""
+    m = held.sources[0].shape[1]
+    everything = lambda d: range(sched.num_chunks)  # noqa: E731
     group = axes if len(axes) > 1 else axes[0]
     for step in (s for s in sched.steps if s.phase == "reduce"):
-        if step.kind == "permute":
-            by_src = {t.src: t for t in step.transfers}
-            by_dst = {t.dst: t for t in step.transfers}
+        if step.kind == "permute":  # one fused pass: decode what arrives, add, encode onwards
+            by_src = {t.src: t.chunks for t in step.transfers}
+            by_dst = {t.dst: t.chunks for t in step.transfers}
             count = len(step.transfers[0].chunks)
-            send = _table([by_src[d].chunks[0] for d in range(p)])[me]
-            recv = _table([by_dst[d].chunks[0] for d in range(p)])[me]
-            wire = codec.encode(lax.dynamic_slice_in_dim(acc, send, count).reshape(-1))
+            wire = codec.encode(held.rows(by_src.__getitem__).reshape(-1))
             wire = lax.ppermute(wire, group, [(t.src, t.dst) for t in step.transfers])
             got = codec.decode(wire, count * m).reshape(count, m)
-            mine = lax.dynamic_slice_in_dim(acc, recv, count)
-            acc = lax.dynamic_update_slice_in_dim(acc, got + mine, recv, axis=0)
-        elif step.kind == "all_to_all":  # two-shot: row c goes to device c
-            got = codec.decode(lax.all_to_all(codec.encode(acc), group, 0, 0), m)
-            acc = lax.dynamic_update_slice_in_dim(acc, _rank_order_sum(got)[None], me, axis=0)
+            held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
+        elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
+            got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything)), group, 0, 0),
+                               m)
+            held.store(_rank_order_sum(got)[None], lambda d: (d,))
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
-            got = lax.all_gather(codec.encode(acc), axes[step.axis], axis=0, to="invarying")
-            acc = _rank_order_sum(codec.decode(got, m))  # [chunks, m]: the same on every device
+            got = lax.all_gather(codec.encode(held.rows(everything)), axes[step.axis], axis=0,
+                                 to="invarying")
+            held.store(_rank_order_sum(codec.decode(got, m)), everything)  # same everywhere
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
-    return acc
 
 
-def _gather_phase(sched: Schedule, acc: jax.Array, codec: _Codec, axes, me) -> jax.Array:
+def _gather_phase(sched: Schedule, held: _Held, codec: _Codec, axes) -> jax.Array:
     """Owners encode their chunks once; all-gathers (in schedule order) bring them to all."""
-    p, m = sched.p, acc.shape[1]
+    p, m = sched.p, held.sources[0].shape[1]
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
-    wire = codec.encode(jnp.take(acc, _table(owned)[me], axis=0))  # [k, bytes]
+    k = len(owned[0])
+    wire = codec.encode(held.rows(owned.__getitem__))  # [k, bytes]
     for step in (s for s in sched.steps if s.phase == "gather"):
         wire = lax.all_gather(wire, axes[step.axis], axis=0, tiled=False, to="invarying")
     # wire is now [..., k, bytes] with one leading axis per gather, outermost = last one,
-    # which is row-major device order: flatten to [p * k, bytes].
-    values = codec.decode(wire.reshape(p * len(owned[0]), -1), m)
+    # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
+    values = codec.decode(wire.reshape(p * k, -1), m)
+    if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
+        return values.reshape(p, k, m).swapaxes(0, 1).reshape(p * k, m)
     order = [c for d in range(p) for c in owned[d]]
     return jnp.take(values, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
 
@@ -225,14 +269,17 @@ def _run(x, axes, shape, fmt, algorithm, num_chunks):
     sched = make_schedule(algorithm, shape)
     codec = _Codec(fmt, x.dtype)
     length, pieces = layout(n, sched.num_chunks, codec.align, num_chunks)
-    flat = jnp.pad(x.reshape(-1).astype(codec.acc), (0, sched.num_chunks * length - n))
+    flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
+    if sched.num_chunks * length > n:
+        flat = jnp.pad(flat, (0, sched.num_chunks * length - n))
     chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
     gathers = any(step.phase == "gather" for step in sched.steps)
     parts = []
     for start, size in pieces:  # independent pieces: the compiler may overlap their hops
-        piece = _reduce_phase(sched, chunks[:, start:start + size], codec, axes, me)
-        parts.append(_gather_phase(sched, piece, codec, axes, me) if gathers else piece)
+        held = _Held(sched, chunks[:, start:start + size], codec.acc, me)
+        _reduce_phase(sched, held, codec, axes)
+        parts.append(_gather_phase(sched, held, codec, axes) if gathers else held.sources[-1])
     out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
 
