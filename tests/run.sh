@@ -27,6 +27,21 @@ if [ $# -gt 0 ]; then
 fi
 .venv/bin/python -m pytest
 
+# ---- the package as a learner installs it: wheel and sdist built, the wheel installed in a
+# fresh environment, notebook 01 run against it from outside the checkout --------------------
+dist=.cache/dist
+rm -rf "$dist" && .venv/bin/python -m build -q --outdir "$dist" . >/dev/null
+ls "$dist"/equarx_ref-*.whl "$dist"/equarx_ref-*.tar.gz
+python3 -m venv --clear .cache/wheel-env
+.cache/wheel-env/bin/python -m pip install -q "$dist"/equarx_ref-*.whl nbval ipykernel
+outside=$(mktemp -d)
+cp notebooks/01_quantization.ipynb notebooks/sanitize.cfg "$outside"/
+(cd "$outside" && "$OLDPWD/.cache/wheel-env/bin/python" -c \
+   'import equarx_ref, sys; assert "site-packages" in equarx_ref.__file__, equarx_ref.__file__' &&
+ "$OLDPWD/.cache/wheel-env/bin/python" -m pytest -q -p no:cacheprovider --nbval-lax \
+   --nbval-current-env --nbval-sanitize-with sanitize.cfg 01_quantization.ipynb)
+rm -rf "$outside"
+
 # ---- the ends of the supported jax range: unit tests only ----------------------------------
 UNIT=(tests/test_quantize.py tests/test_reference.py tests/test_collectives.py
       tests/test_schedule.py tests/test_counting.py tests/test_cost.py tests/test_cli.py
