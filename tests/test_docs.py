@@ -8,7 +8,11 @@ run, its printed values compared with what its comments say.
 The browser tests serve the built site on loopback (`python -m http.server`), open pages in
 Debian's `chromium`, check the DOM (the home page's generated figure, a notebook's stored PNG
 outputs, formulas typeset by the vendored KaTeX) and save a screenshot of each, checked not to
-be blank. Without chromium they skip and say why; under CI=true they fail instead.
+be blank. One of them opens every page of the site, as a reader's browser lays it out (1280
+pixels wide), and checks every link on it (each internal link resolves to a page or file of the
+site, each #anchor to an element of its target), that no code block or output spills out of
+the page or breaks its lines mid-word, and that no figure is scaled down below 75% of its size.
+Without chromium they skip and say why; under CI=true they fail instead.
 """
 
 from __future__ import annotations
@@ -307,6 +311,115 @@ def test_notebook_page_renders_with_its_stored_figures(server, tmp_path, capsys)
     _not_blank(shot)
 
 
+# Loaded next to the site, it opens each page in a same-origin iframe of a reader's width and
+# reports, as JSON in #out, what the browser made of it: every link (as the browser resolves
+# it), every element id, and what in the content does not fit the page.
+PAGE_CHECK = """<!doctype html><html><body><pre id="out">pending</pre><script>
+const PAGES = PAGES_JSON, WIDTH = 1280, SMALLEST_FIGURE = 0.75;
+function scrolls(el, stop, win) {  // inside an element that scrolls sideways?
+  for (let e = el; e && e !== stop; e = e.parentElement) {
+    if (["auto", "scroll"].includes(win.getComputedStyle(e).overflowX)) return true;
+  }
+  return false;
+}
+async function inspect(url) {
+  const frame = document.createElement("iframe");
+  frame.style.width = WIDTH + "px";
+  frame.style.height = "900px";
+  document.body.appendChild(frame);
+  await new Promise((done) => { frame.onload = done; frame.src = url; });
+  await new Promise((done) => setTimeout(done, 500));  // the page's own scripts run
+  const win = frame.contentWindow, doc = frame.contentDocument;
+  const content = doc.querySelector(".md-content__inner");
+  const edge = content.getBoundingClientRect().right;
+  const problems = [];
+  const what = (el) => el.tagName.toLowerCase() + " '" +
+    (el.textContent || el.getAttribute("alt") || "").trim().slice(0, 50) + "'";
+  for (const el of content.querySelectorAll("pre, pre > code, table, img, .katex-display, " +
+                                             ".jp-OutputArea-output")) {
+    const style = win.getComputedStyle(el), box = el.getBoundingClientRect();
+    if (box.width && box.right > edge + 1 && !scrolls(el.parentElement, content, win)) {
+      problems.push("spills out of the page: " + what(el));
+    }
+    if ((el.tagName === "PRE" || el.tagName === "CODE") && !["pre", "nowrap"].includes(
+        style.whiteSpace) && (style.wordBreak === "break-all" || style.overflowWrap !== "normal")) {
+      problems.push(`breaks lines mid-word (${style.whiteSpace}, ${style.wordBreak}, ` +
+                    `${style.overflowWrap}): ` + what(el));
+    }
+    if (el.tagName === "IMG" && el.naturalWidth &&
+        el.clientWidth < SMALLEST_FIGURE * el.naturalWidth) {
+      problems.push(`a figure shown at ${Math.round(100 * el.clientWidth / el.naturalWidth)}%` +
+                    ` of its ${el.naturalWidth} px: ` + what(el));
+    }
+  }
+  const links = [...doc.querySelectorAll("a[href]")].map((a) => a.href);
+  const ids = [...doc.querySelectorAll("[id], a[name]")].map((e) => e.id || e.name);
+  frame.remove();
+  return {url: new URL(url, location.href).href, links, ids, problems};
+}
+(async () => {
+  const out = [];
+  for (const page of PAGES) {
+    try {
+      out.push(await inspect(page));
+    } catch (err) {
+      out.push({url: page, links: [], ids: [], problems: ["the check failed: " + err]});
+    }
+  }
+  document.getElementById("out").textContent = JSON.stringify(out);
+})();
+</script></body></html>"""
+
+
+def _site_pages(site: Path) -> list[str]:
+    """Every page of the built site, as a URL relative to its root ("./" for the home)."""
+    return sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
+
+
+def test_every_link_anchor_code_block_and_figure_as_a_reader_sees_them(server, site, tmp_path):
+    """Every page in the browser: each internal link resolves (a page or a file of the site),
+    each #anchor exists in its target, nothing in the content spills out of the page or breaks
+    mid-word, no figure is shrunk below 75%. The "Next: 02" links of the notebook pages once
+    went to notebooks/01_quantization/02_ring_allreduce.ipynb, a 404 that `--strict` missed."""
+    import html as html_lib
+    import urllib.parse
+
+    pages = _site_pages(site)
+    assert len(pages) >= 10 and {"./", "notebooks/01_quantization/"} <= set(pages), pages
+    check = PAGE_CHECK.replace("PAGES_JSON", json.dumps(pages))
+    (site / "_page_check.html").write_text(check, encoding="utf-8")
+    dom = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, "--virtual-time-budget=60000",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1000", "--dump-dom",
+         server + "_page_check.html"], capture_output=True, text=True, timeout=300)
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    out = re.search(r'<pre id="out">(.*?)</pre>', dom.stdout, re.S)
+    assert out and out.group(1) != "pending", "the page check did not finish"
+    report = json.loads(html_lib.unescape(out.group(1)))
+    ids = {r["url"]: set(r["ids"]) for r in report}
+    broken, problems, checked = [], [], 0
+    for r in report:
+        problems += [f"{r['url']}: {p}" for p in r["problems"]]
+        for link in r["links"]:
+            url = urllib.parse.urlsplit(link)
+            if f"{url.scheme}://{url.netloc}/" != server:
+                continue  # another host (the site loads nothing from one: checked above)
+            checked += 1
+            target = urllib.parse.urlunsplit((url.scheme, url.netloc, url.path, "", ""))
+            if target in ids:  # a page of the site
+                if url.fragment and urllib.parse.unquote(url.fragment) not in ids[target]:
+                    broken.append(f"{r['url']} -> {link}: no element #{url.fragment} there")
+                continue
+            path = site / urllib.parse.unquote(url.path).lstrip("/")
+            if not (path.is_file() or (path / "index.html").is_file()):
+                broken.append(f"{r['url']} -> {link}: no such page or file")
+    print(f"{len(report)} pages, {checked} internal links checked")
+    assert len(report) == len(pages)
+    assert checked >= 20 * len(pages), f"only {checked} internal links found: the check is blind"
+    assert not broken, "broken links:\n  " + "\n  ".join(broken)
+    assert not problems, "as a reader sees it:\n  " + "\n  ".join(problems)
+
+
 def test_home_page_quick_start_runs():
     """The quick start on the home page is real code: run it as written."""
     text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
@@ -319,15 +432,44 @@ def test_home_page_quick_start_runs():
 
 
 def test_repository_url_comes_from_pyproject(site):
-    """The site's repository link and install line are made from pyproject's URL, not typed."""
+    """The site's repository link is made from pyproject's URL, not typed."""
     import tomllib
 
     with open(ROOT / "pyproject.toml", "rb") as f:
         url = tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
     for path in [ROOT / "mkdocs.yml", *(ROOT / "docs").glob("*.md")]:
         assert url not in path.read_text(encoding="utf-8"), f"{path} types the repository URL"
-    home = _page(site, "")
-    assert f'href="{url}"' in home and f"git+{url}" in home
+    assert f'href="{url}"' in _page(site, "")
+
+
+def test_install_instructions_say_what_the_install_cell_does(site):
+    """The home page and the README install the way the notebooks' install cell does (both are
+    nbtool's); while nothing is published they say so, and give the wheel path instead."""
+    import html as html_lib
+
+    nbtool = _docs_gen("common").nbtool()
+    home = html_lib.unescape(re.sub(r"<[^>]+>", "", _page(site, "")))
+    readme = README.read_text(encoding="utf-8")
+    for text, where in ((home, "home page"), (readme, "README")):
+        if nbtool.PUBLIC_SOURCE is None:
+            assert "not published yet" in text, where
+            assert "git+" not in text, f"the {where} installs from a repository that is not public"
+        else:
+            assert nbtool.PUBLIC_SOURCE in text, where
+        for fact in (nbtool.BUILD_WHEEL, nbtool.WHEEL_ENV, f"jax{nbtool.jax_range()}"):
+            assert fact in text, f"the {where} does not say {fact!r}"
+
+
+def test_readme_says_what_the_demo_runs():
+    """The README's line about `equarx-ref demo` names exactly the formats the demo runs."""
+    import equarx_ref as eq
+    from equarx_ref.benchmark import DEMO_FORMATS
+
+    line = README.read_text(encoding="utf-8").split("`equarx-ref demo`:", 1)[1].split("\n  -")[0]
+    named = {f for f in eq.FORMAT_NAMES if f"`{f}`" in line}
+    assert named == set(DEMO_FORMATS) - {"bf16"}, (named, line)
+    assert all(f"`{a}`" in line for a in eq.ALGORITHMS), line
+    assert "every algorithm x format" not in README.read_text(encoding="utf-8")
 
 
 def test_formulas_are_typeset_by_the_vendored_katex(server, tmp_path, capsys):

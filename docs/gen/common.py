@@ -52,6 +52,17 @@ def repo_url() -> str:
         return tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
 
 
+def nbtool():
+    """notebooks/nbtool.py, which makes the notebooks' install cell and, from the same facts
+    (where the package is published, if anywhere; its jax range), the install instructions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nbtool", ROOT / "notebooks" / "nbtool.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def install() -> Section:
-    """The install line, from the repository URL."""
-    return Section(f'```bash\npip install "equarx-ref @ git+{repo_url()}"\n```')
+    """How to install the package: `nbtool.install_markdown()`, the notebooks' install facts."""
+    return Section(nbtool().install_markdown())

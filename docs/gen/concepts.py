@@ -74,9 +74,10 @@ def schedules_figure() -> Section:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), width_ratios=[4, 4.5, 2.4])
-    for ax, sched in zip(axes, (eq.ring_schedule(4), eq.bidir_ring_schedule(4),
-                                eq.two_shot_schedule(4)), strict=True):
+    schedules = (eq.ring_schedule(4), eq.bidir_ring_schedule(4), eq.two_shot_schedule(4))
+    # one above the other, each as wide as its steps need: the labels stay readable on the page
+    fig, axes = plt.subplots(3, 1, figsize=(7.5, 9.5), height_ratios=[1, 1.5, 1])
+    for ax, sched in zip(axes, schedules, strict=True):
         eq.viz.draw_schedule(sched, ax=ax)
     fig.tight_layout()
     path = "assets/concepts/schedules.png"

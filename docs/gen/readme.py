@@ -1,4 +1,5 @@
-"""The README's results tables, made from docs/data/*.json like the site's.
+"""The README's generated blocks: its results tables, made from docs/data/*.json like the
+site's, and its install instructions, made by notebooks/nbtool.py like the notebooks' cell.
 
 The README marks each generated block `<!-- gen:readme-NAME -->` ... `<!-- /gen:readme-NAME -->`;
 `render` fills every block from the stored data, `python docs/hooks.py readme` writes the result
@@ -12,7 +13,7 @@ import re
 
 from . import bench, demo, gemma
 from .commands import COMMANDS
-from .common import ROOT, load
+from .common import ROOT, load, nbtool
 
 README = ROOT / "README.md"
 BLOCK = re.compile(r"(<!-- gen:readme-([a-z0-9-]+) -->\n)(.*?)(<!-- /gen:readme-\2 -->)", re.S)
@@ -34,7 +35,11 @@ def _gemma() -> str:
             f"with the exact run.\n\n{gemma.pivot_table(report)}\n")
 
 
-BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma}
+def _install() -> str:
+    return nbtool().install_markdown() + "\n"
+
+
+BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "install": _install}
 
 
 def render(text: str) -> str:
