@@ -25,7 +25,7 @@ python3 -m venv .venv
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-.venv/bin/python -m pytest
+.venv/bin/python -m pytest -n 2 --dist loadfile  # a notebook runs whole, on one worker
 
 # ---- the package as a learner installs it: wheel and sdist built, the wheel installed in a
 # fresh environment, notebook 01 run against it from outside the checkout --------------------
