@@ -73,7 +73,7 @@ def _time(fns: dict, x, repeats: int) -> dict:
 def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: int = 0,
                         formats: dict[str, Format | None] | None = None,
                         algorithms=ALGORITHMS, progress=None) -> list[Row]:
-    """Run every algorithm x format on the same N(0, 1) bf16 inputs, `n` values per device.
+    """Run every algorithm x `formats` (default DEMO_FORMATS) on the same N(0, 1) bf16 inputs.
 
     Args:
         devices: the devices of a 1-D mesh (e.g. `setup_devices(8)`).

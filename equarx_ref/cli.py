@@ -1,6 +1,6 @@
 """equarx-ref: quantized AllReduce side by side: error, bytes on the wire, speed.
 
-    equarx-ref demo     every algorithm x format side by side: bits, bytes, error, CPU time
+    equarx-ref demo     every algorithm x bf16, int8, int4, fp8_e4m3: bits, bytes, error, CPU time
     equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
