@@ -185,7 +185,9 @@ def quantized_sizes(p, *, algorithm: str) -> list[int]:
     shape = device_shape(p)
     check_algorithm(algorithm, None, shape)
     if algorithm == "psum":
-        raise ValueError("psum quantizes nothing; choose one of " f"{ALGORITHMS[1:]}")
+        raise ValueError(f"psum quantizes nothing; choose one of {ALGORITHMS[1:]}")
+    if math.prod(shape) == 1:  # one device sends nothing, so quantizes nothing
+        return []
     return sorted(_histories(make_schedule(algorithm, shape))[0])
 
 

@@ -102,8 +102,8 @@ def test_collectives_of_the_report():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--tp", "0"], "'0': must be an integer >= 1"),
-    (["--tokens", "-1"], "'-1': must be an integer >= 3"),
+    (["--tp", "0"], "expected an integer >= 1, got '0'"),
+    (["--tokens", "-1"], "expected an integer >= 3, got '-1'"),
     (["--formats", "int2"], "int2"),
     (["--algorithms", "tree"], "invalid choice"),
 ])
@@ -115,8 +115,9 @@ def test_cli_bad_flags_exit_with_one_line(capsys, argv, message):
 
 
 def test_cli_checks_outputs_before_working(capsys, tmp_path):
-    rc = main(["gemma", "--json", str(tmp_path / "missing" / "q.json"), "--no-progress"])
-    assert rc == 2 and "cannot write" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused while parsing, before any work
+        main(["gemma", "--json", str(tmp_path / "missing" / "q.json"), "--no-progress"])
+    assert e.value.code == 2 and "cannot write" in capsys.readouterr().err
 
 
 def test_cli_tp_the_model_cannot_split(capsys):
