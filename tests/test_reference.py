@@ -166,7 +166,7 @@ def _check(name, mode, kinds):
     compare = np.concatenate([np.ones(want.payload.shape, bool),
                               np.repeat(fin[:, None], fmt.scale_bytes, axis=1)], axis=1).ravel()
     if not errors and not np.array_equal(wire[compare], ref_wire[compare]):
-        errors.append(f"{name} {mode}: to_bytes does not lay out each block's payload, then its scale")
+        errors.append(f"{name} {mode}: to_bytes is not block after block (payload, scale)")
     if not np.array_equal(encoded.ravel(), wire):
         errors.append(f"{name} {mode}: encode (the collectives' path) differs from to_bytes")
     return errors
