@@ -309,8 +309,12 @@ def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.uint8)
     if fmt.elem_bits == 8:
         return codes
-    half = codes.shape[-1] // 2  # element i in the low nibble, element i + B/2 in the high one
-    return codes[..., :half] | (codes[..., half:] << 4)
+    # element i in the low nibble, element i + B/2 in the high one. Written as a sum over the
+    # two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the whole
+    # quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode of a
+    # dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core).
+    halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
+    return jnp.sum(halves << jnp.array([[0], [4]], jnp.int32), axis=-2).astype(jnp.uint8)
 
 
 def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
