@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -133,10 +134,10 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
 
 
 def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
-            x_ref, out_ref, local, recv, send, res,
+            me_ref, x_ref, out_ref, local, recv, send, res,
             local_sem, recv_sem, send_sem, out_sem, capacity):
     p, k, slots = plan.p, plan.k, plan.slots
-    me = lax.axis_index(axis)
+    me = me_ref[0]  # this device's index on the ring (an SMEM scalar, see _call)
     right, left = lax.rem(me + 1, p), lax.rem(me + p - 1, p)
 
     # Entry barrier: both neighbours are inside the kernel before anyone DMAs into them.
@@ -224,15 +225,45 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
             pl.semaphore_wait(capacity.at[lane], max(plan.messages - slots, 0))
 
 
-def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, chunks: jax.Array):
+def _varying(x: jax.Array) -> frozenset:
+    """Mesh axes over which `x` may differ between devices (shard_map's check_vma types);
+    jax 0.10 keeps them in `manual_axis_type.varying`, earlier versions in `vma`."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and hasattr(mat, "varying"):
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def _result_type(shape, dtype, varying: frozenset) -> jax.ShapeDtypeStruct:
+    """The kernel's output type for shard_map's check_vma: varying over `varying` only (jax
+    0.10 says `manual_axis_type`, earlier versions `vma`)."""
+    params = inspect.signature(jax.ShapeDtypeStruct).parameters
+    if "manual_axis_type" in params:
+        from jax.sharding import ManualAxisType
+
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(
+            varying=varying))
+    if "vma" in params:
+        return jax.ShapeDtypeStruct(shape, dtype, vma=varying)
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, chunks: jax.Array,
+          varying: frozenset):
+    """The pallas_call. The device index comes in as an SMEM scalar rather than from
+    `lax.axis_index` inside the kernel: interpret mode re-traces the body inside the caller's
+    shard_map, where (jax 0.10.2, check_vma=True) arithmetic on the kernel's axis_index fails
+    the varying-axes check; a value read from memory is typed like any other."""
+    me = lax.axis_index(axis).astype(jnp.int32).reshape(1)
     lanes, slots = len(plan.lanes), plan.slots
     longest = max(size for _, size in plan.pieces)
     widest = max(plan.piece_bytes)
     kernel = functools.partial(_kernel, plan, codec, axis, sabotage)
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((plan.chunks, plan.length), codec.acc),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_shape=_result_type((plan.chunks, plan.length), codec.acc, varying),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[
             pltpu.VMEM((lanes, 2, longest), chunks.dtype),  # local: prefetched pieces of x
@@ -247,7 +278,7 @@ def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, chunks: jax.Arr
         ],
         compiler_params=pltpu.CompilerParams(collective_id=0),
         interpret=interpret,
-    )(chunks)
+    )(me, chunks)
 
 
 def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format.int8(),  # noqa: B008
@@ -276,13 +307,23 @@ def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format
     if not isinstance(axis_name, str):
         raise ValueError(f"the Pallas kernel runs over one mesh axis, got {axis_name!r} "
                          "(a 2D torus runs with impl='xla')")
-    p = lax.axis_size(axis_name)
-    n = x.size
+    plan_ring(x.size, lax.axis_size(axis_name), fmt=fmt, algorithm=algorithm,
+              num_chunks=num_chunks, dtype=x.dtype)  # checks the arguments
+    return _ring(x, axis_name, fmt, algorithm, num_chunks, _backend.interpret_params(interpret),
+                 sabotage)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
+def _ring(x, axis_name, fmt, algorithm, num_chunks, interpret, sabotage):
+    """Lay out, run the kernel, cut the padding. Jitted on its own, as collectives' `_run`, so
+    an eager shard_map compiles it once; the result is typed the same on every device of the
+    ring (varying only over the other mesh axes x varies over)."""
+    p, n = lax.axis_size(axis_name), x.size
     plan = plan_ring(n, p, fmt=fmt, algorithm=algorithm, num_chunks=num_chunks, dtype=x.dtype)
     codec = wire_codec(fmt, x.dtype)
     flat = x.reshape(-1)
     if plan.chunks * plan.length > n:
         flat = jnp.pad(flat, (0, plan.chunks * plan.length - n))
-    out = _call(plan, codec, axis_name, _backend.interpret_params(interpret), sabotage,
-                flat.reshape(plan.chunks, plan.length))
+    out = _call(plan, codec, axis_name, interpret, sabotage,
+                flat.reshape(plan.chunks, plan.length), _varying(x) - {axis_name})
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
