@@ -118,6 +118,37 @@ class RingPlan:
         """Wire bytes one device sends in total (all lanes, all hops)."""
         return len(self.lanes) * 2 * (self.p - 1) * sum(self.piece_bytes)
 
+    def program(self, device: int = 0, lane: int = 0) -> list[dict]:
+        """The kernel's steps on one device and lane, in order: what it waits for, computes
+        and sends (plain data, for tables and timeline figures; the kernel runs exactly this).
+
+        Each step: `step` t, `hop` h, `piece` j, `phase` ("reduce", "own": the owner's
+        encode of the full sum, "gather", "last": decode only), `chunk` (sent or stored),
+        `wait` (the message awaited, (hop, piece), or None), `recv_slot`, `compute`,
+        `send_slot` (None when nothing is sent), `prefetch` (the step whose x piece is fetched).
+        """
+        p, k = self.p, self.k
+        base, way = self.lanes[lane]
+        rows = []
+        for t in range(self.steps):
+            h, j = divmod(t, k)
+            phase = ("reduce" if h < p - 1 else "own" if h == p - 1 else
+                     "gather" if h < 2 * p - 2 else "last")
+            if h <= p - 1:
+                chunk = base + (device - way * (h + 1)) % p
+            else:
+                chunk = base + (device - way * (h - p + 1)) % p
+            compute = {"reduce": "encode(x)" if h == 0 else "encode(decode(in) + x)",
+                       "own": "encode(decode(in) + x), decode", "gather": "forward, decode",
+                       "last": "decode"}[phase]
+            rows.append({"step": t, "hop": h, "piece": j, "phase": phase, "chunk": chunk,
+                         "wait": (h - 1, j) if h >= 1 else None,
+                         "recv_slot": (t - k) % self.slots if h >= 1 else None,
+                         "compute": compute,
+                         "send_slot": t % 2 if t < self.messages else None,
+                         "prefetch": t + 1 if t + 1 < p * k else None})
+        return rows
+
 
 def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
               num_chunks: int = 1, dtype="float32") -> RingPlan:
