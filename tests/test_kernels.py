@@ -186,6 +186,7 @@ def test_cli_kernels(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "no TPU" in text and "interpret mode" in text
     report = json.loads(out.read_text())
-    assert report["tpu"] is False and report["timings"] == []
+    assert report["tpu"] is False and report["timings"] == [] and not report["timing_errors"]
+    assert report["lowering"]["mxfp8"] == "lowers" and "bitwidths" in report["lowering"]["int8"]
     good, broken = report["checks"]
     assert good["bitwise"] and good["races"] == 0 and broken["races"] > 0

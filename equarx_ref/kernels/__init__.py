@@ -3,12 +3,12 @@
 `hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `ring.py` is the
 whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel pipeline),
 what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively; elsewhere in TPU
-interpret mode on CPU devices, with the race detector on (`_backend.py`).
+interpret mode on CPU devices, with the race detector on (`backend.py`).
 """
 
-from ._backend import RaceLog, interpret_params, on_tpu, race_detecting
+from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .checks import HopTiming, KernelCheck, check, measure_hop, report
-from .hop import fused_hop, hop_reference, wire_codec
+from .hop import fused_hop, hop_reference, lowering_error, wire_codec
 from .ring import RING_ALGORITHMS, SABOTAGES, RingPlan, plan_ring, ring_all_reduce
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "fused_hop",
     "hop_reference",
     "interpret_params",
+    "lowering_error",
     "measure_hop",
     "on_tpu",
     "plan_ring",

@@ -64,7 +64,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..formats import Format
 from ..schedule import layout, make_schedule
-from . import _backend
+from . import backend
 from .hop import wire_codec
 
 __all__ = ["RING_ALGORITHMS", "SABOTAGES", "RingPlan", "plan_ring", "ring_all_reduce"]
@@ -340,7 +340,7 @@ def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format
                          "(a 2D torus runs with impl='xla')")
     plan_ring(x.size, lax.axis_size(axis_name), fmt=fmt, algorithm=algorithm,
               num_chunks=num_chunks, dtype=x.dtype)  # checks the arguments
-    return _ring(x, axis_name, fmt, algorithm, num_chunks, _backend.interpret_params(interpret),
+    return _ring(x, axis_name, fmt, algorithm, num_chunks, backend.interpret_params(interpret),
                  sabotage)
 
 
