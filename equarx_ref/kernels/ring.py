@@ -48,6 +48,13 @@ each with its own slots and semaphores.
 Numerics: the fused hop calls the package's `quantize.encode` and `decode` on the values inside
 the kernel (see hop.py), so every message is bitwise the XLA path's message and the result is
 bitwise `impl="xla"`'s.
+
+Limits, stated plainly. The steps are unrolled when tracing ((2p - 1) k per lane), so the
+program grows with p and k: fine for a slice's ring of 4-16 chips, not for hundreds. VMEM holds
+only slots (a few pieces), never a whole chunk. Natively, the kernel compiles only where its
+codec lowers to Mosaic: the MX formats do; bf16/f32-scaled formats and fmt=None do not yet
+(byte packing by bitcasts of different widths, see hop.py), so on a TPU those raise Mosaic's
+error; everything is proven here in interpret mode, no TPU run of this kernel is claimed.
 """
 
 from __future__ import annotations
@@ -174,8 +181,7 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
     # Entry barrier: both neighbours are inside the kernel before anyone DMAs into them.
     barrier = pltpu.get_barrier_semaphore()
     for nb in (left, right):
-        pl.semaphore_signal(barrier, 1, device_id={axis: nb},
-                            device_id_type=pl.DeviceIdType.MESH)
+        pl.semaphore_signal(barrier, 1, device_id={axis: nb})
     pl.semaphore_wait(barrier, 2)
 
     def chunk(lane, h):  # the chunk this device sends at reduce hop h (h = p - 1: its own)
@@ -199,7 +205,7 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
         return pltpu.make_async_remote_copy(
             send.at[lane, t % 2, pl.ds(0, nbytes)], recv.at[lane, t % slots, pl.ds(0, nbytes)],
             send_sem.at[lane, t % 2], recv_sem.at[lane, t % slots],
-            device_id={axis: right if way > 0 else left}, device_id_type=pl.DeviceIdType.MESH)
+            device_id={axis: right if way > 0 else left})  # {mesh axis: index}: a mesh id
 
     def store(lane, t):  # local DMA: decoded result piece, VMEM slot t % 2 -> HBM
         h, j = divmod(t, k)
@@ -226,8 +232,7 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
                 message(lane, t - k).wait_recv()
                 got = recv[lane, (t - k) % slots, pl.ds(0, nbytes)]
                 if t - k + slots < plan.messages:  # the slot is free: tell upstream
-                    pl.semaphore_signal(capacity.at[lane], 1, device_id={axis: upstream},
-                                        device_id_type=pl.DeviceIdType.MESH)
+                    pl.semaphore_signal(capacity.at[lane], 1, device_id={axis: upstream})
             # The fused hop: what this device sends (or keeps) at hop h.
             if h == 0:
                 wire = codec.encode(mine)
