@@ -1,7 +1,8 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
 The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
-(the model) and `viz` (matplotlib), load on first use, so `import equarx_ref` stays quick.
+(the model), `kernels` (Pallas) and `viz` (matplotlib), load on first use, so `import
+equarx_ref` stays quick.
 """
 
 import importlib
@@ -32,7 +33,7 @@ from .schedule import (
     two_shot_schedule,
 )
 
-_LAZY = ("gemma", "viz")
+_LAZY = ("gemma", "kernels", "viz")
 
 
 def __getattr__(name):
@@ -61,6 +62,7 @@ __all__ = [
     "gaussian_relative_error",
     "gemma",
     "hlo_wire_bytes",
+    "kernels",
     "layout",
     "make_mesh",
     "make_schedule",

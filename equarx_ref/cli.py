@@ -4,6 +4,7 @@
     equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
+    equarx-ref kernels  the Pallas TPU kernels: bitwise and race checks; GB/s on a real TPU
 
 (This module only parses arguments, calls the package and prints; bad arguments end with one
 line naming the problem and exit status 2, before any work starts.)
@@ -366,6 +367,47 @@ def _cmd_model(args) -> int:
     return 0
 
 
+def _add_kernels(sub) -> None:
+    p = sub.add_parser("kernels", help="the Pallas TPU kernels: checks; GB/s on a real TPU",
+                       description="The Pallas ring AllReduce (impl='pallas') against the XLA "
+                       "path: bitwise equality and the race detector's count, in TPU interpret "
+                       "mode on CPU devices (a deliberately broken kernel must show races). On "
+                       "a TPU: the fused hop kernel's GB/s against XLA's hop and the chip's HBM "
+                       "bandwidth, measured on the chip. Without a TPU, no TPU figure.")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
+    p.set_defaults(func=_cmd_kernels)
+
+
+def _cmd_kernels(args) -> int:
+    from . import devices
+    from .kernels import checks
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    devs = devices.setup_devices(8)
+    report = checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
+    if not report["tpu"]:
+        print(f"no TPU here ({devices.describe_devices(devs)}): the kernels ran in TPU "
+              "interpret mode (correctness and races only, no speed)", file=out)
+    rows = [[str(c["p"]), c["algorithm"], c["format"], str(c["num_chunks"]),
+             c["sabotage"] or "-", "yes" if c["bitwise"] else "NO",
+             "-" if c["races"] is None else str(c["races"])] for c in report["checks"]]
+    print(_table(["p", "algorithm", "format", "pieces", "sabotage", "bitwise = xla", "races"],
+                 rows), file=out)
+    print("the fused hop lowered for a TPU (Mosaic, checked from this machine):", file=out)
+    for name, status in report["lowering"].items():
+        print(f"  {name:>9}: {status}", file=out)
+    for t in report["timings"]:
+        hbm = "" if t["hbm_gbps"] is None else f", {t['kernel_gbps'] / t['hbm_gbps']:.0%} of HBM"
+        print(f"{t['chip']} fused hop {t['format']}: {t['kernel_gbps']:.0f} GB/s (XLA "
+              f"{t['xla_gbps']:.0f} GB/s{hbm}), bitwise {t['bitwise']}", file=out)
+    for name, error in report["timing_errors"].items():
+        print(f"fused hop {name} not timed on the chip: {error}", file=out)
+    if args.json:
+        _write_json(args.json, report)
+    return 0
+
+
 def _size(nbytes: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
@@ -387,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub)
     _add_gemma(sub)
     _add_model(sub)
+    _add_kernels(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
