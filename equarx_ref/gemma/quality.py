@@ -38,6 +38,8 @@ from .scoring import sharded_scores, site_errors
 
 __all__ = ["DEFAULT_FORMATS", "Bf16AllReduce", "collective", "evaluate", "evaluate_text"]
 
+_KIND = {"attn": 0, "mlp": 1}  # site = 2 * layer + kind (model.py)
+
 #: What `evaluate` compares by default: the bf16 baseline and three wire formats.
 DEFAULT_FORMATS = ("bf16", "int8", "int4", "fp8_e4m3")
 
@@ -146,7 +148,7 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
         nll, top1, kl = (np.asarray(a) for a in sharded_scores(logits, ids_dev, logp_e, mesh,
                                                                 True))
         del logits
-        err = {k: np.asarray(site_errors(v, mesh, ar)) for k, v in parts.items()}
+        err = {k: np.asarray(site_errors(v, mesh, ar, _KIND[k])) for k, v in parts.items()}
         rows.append(_row(ar, nll, top1, kl, nll_e, top1_e, err))
         bar.update()
     bar.close()
