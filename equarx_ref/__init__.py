@@ -1,7 +1,8 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
 The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
-(the model) and `viz` (matplotlib), load on first use, so `import equarx_ref` stays quick.
+(the model) and `viz` (matplotlib), load on first use, so `import equarx_ref` stays quick; so
+does `outliers` (static int4 with bf16 outlier features), a module of its own namespace.
 """
 
 import importlib
@@ -32,7 +33,7 @@ from .schedule import (
     two_shot_schedule,
 )
 
-_LAZY = ("gemma", "viz")
+_LAZY = ("gemma", "outliers", "viz")
 
 
 def __getattr__(name):
@@ -65,6 +66,7 @@ __all__ = [
     "make_mesh",
     "make_schedule",
     "one_shot_schedule",
+    "outliers",
     "parse_format",
     "predicted_relative_error",
     "predicted_time",

@@ -85,8 +85,9 @@ def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
     d = nll.astype(np.float64) - nll_e                          # paired, per token
     se = float(d.std(ddof=1) / math.sqrt(d.size))
     dnll = float(d.mean())
+    fmt = format_label(ar.fmt) if ar.fmt is None or isinstance(ar.fmt, Format) else str(ar.fmt)
     return {
-        "algorithm": ar.algorithm, "format": format_label(ar.fmt),
+        "algorithm": ar.algorithm, "format": fmt,
         "label": _label(ar),
         "mean_nll": float(nll.mean()), "ppl": float(math.exp(nll.mean())),
         "dnll": dnll, "dnll_se": se, "within_noise": bool(abs(dnll) < 2 * se),
@@ -100,7 +101,7 @@ def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
 
 
 def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAULT_FORMATS,
-             progress=True) -> dict:
+             extra=(), progress=True) -> dict:
     """Score every algorithm x format against the exact tensor-parallel run.
 
     Args:
@@ -110,6 +111,9 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
         mesh: a 1-D mesh (the tensor-parallel axis).
         algorithms: names from `eq.ALGORITHMS`; "psum" runs with "bf16" only.
         formats: names `eq.parse_format` reads ("bf16", "int8", "int4/b16", ...) or `Format`s.
+        extra: more collectives to score after those, each hashable with `algorithm` and `fmt`
+            attributes (its row's format is `str(fmt)` when fmt is not a `Format`), e.g.
+            `equarx_ref.outliers.StaticAllReduce`.
         progress: show a progress bar (tqdm) on stderr.
 
     Returns:
@@ -127,7 +131,7 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
                          f"{ids.shape[1]}")
     fmts = [parse_format(f) if isinstance(f, str) else f for f in formats]
     runs = [collective(a, f) for a in algorithms for f in fmts
-            if not (a == "psum" and f is not None)]
+            if not (a == "psum" and f is not None)] + list(extra)
     if not runs:
         raise ValueError(f"nothing to run for algorithms={algorithms}, formats={formats}")
     from tqdm.auto import tqdm
