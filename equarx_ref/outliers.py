@@ -15,13 +15,19 @@ for every token. So measure the ranges once, offline, and send no scales at all:
    data file `docs/data/outliers.json` shows for Gemma: those features are the same for every
    token, so the choice can be static.
 3. Every other feature travels as a 4-bit code of a static, asymmetric grid spanning its
-   calibrated range on the sending device:
+   calibrated range on the sending device, widened to hold 0, with 0 on the grid (an integer
+   zero point z, as integer quantizers do):
 
-       step = (hi - lo) / 15      q = clip(round((x - lo) / step), 0, 15)      x' = lo + q step
+       step = (max(hi, 0) - min(lo, 0)) / 15       z = round(-min(lo, 0) / step)
+       q = clip(round(x / step) + z, 0, 15)         x' = (q - z) step
 
    Values inside `[lo, hi]` are off by at most half a step; values outside clip to the ends
    (the price of a static range: the moving average makes the range a typical one, not the
-   extreme one). The grids are known to every device, so nothing but codes is sent:
+   extreme one). Zero on the grid is not a detail: measured on Gemma 3 270M, the first token
+   (BOS, the attention sink every later token reads) has an MLP partial sum near zero at most
+   sites, and a grid without 0 gave it relative errors up to 48x its size (1080-token text);
+   with 0 on the grid, at most 0.94. The grids are known to every device, so nothing but codes
+   is sent:
 
        bits per value = (4 (E - k) + 16 k) / E          = 4.1875 for E = 640, k = 10
 
@@ -226,7 +232,8 @@ class StaticFormat:
     Attributes:
         outliers: `[sites, k]` int32, the bf16 features of each site.
         inliers: `[sites, E - k]` int32, the int4 features.
-        lo, step: `[sites, p, p, E]` float32 grids, indexed like the calibration's lo/hi.
+        lo, step: `[sites, p, p, E]` float32 grids `lo + q step`, q = 0..15, indexed like the
+            calibration's lo/hi; `lo = -z step`, so q = z is exactly 0.
     """
 
     outliers: np.ndarray
@@ -246,8 +253,14 @@ class StaticFormat:
         k = default_outliers(e) if outliers is None else outliers
         out = select_outliers(state, k)
         inl = np.stack([np.setdiff1d(np.arange(e), o) for o in out]).astype(np.int32)
-        lo = np.asarray(state["lo"], np.float32)
-        step = ((np.asarray(state["hi"], np.float64) - lo) / _LEVELS).astype(np.float32)
+        lo = np.minimum(np.asarray(state["lo"], np.float64), 0.0)     # 0 inside the range
+        hi = np.maximum(np.asarray(state["hi"], np.float64), 0.0)
+        step = ((hi - lo) / _LEVELS).astype(np.float32)
+        # Round step up to 20 significant bits, so that q * step (q < 16) is exact in f32: the
+        # decoder's lo + q * step then gives exactly 0 at q = z, fused multiply-add or not.
+        step = ((step.view(np.uint32) + 0xF) & np.uint32(0xFFFFFFF0)).view(np.float32)
+        zero = np.round(-lo / np.where(step > 0, step, 1.0))           # the zero point z
+        lo = (-zero * step).astype(np.float32)     # grid lo + q step: q = z gives exactly 0
         h = hashlib.sha256()
         for a in (out, inl, lo, step):
             h.update(str(a.shape).encode())

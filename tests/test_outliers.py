@@ -154,6 +154,17 @@ def test_bits_and_bytes_for_gemma_270m_shape():
             O.static_wire_bytes(16, p, fmt, algorithm) == want
 
 
+def test_zero_rows_stay_zero(state):
+    """0 is on every grid: a token whose partial sums are all zero comes back exactly zero
+    (Gemma's BOS token has near-zero MLP sums, and a grid without 0 wrecked it)."""
+    fmt = O.StaticFormat.from_calibration(state, outliers=3)
+    x = planted(0)[:, 0].copy()
+    x[:, 5] = 0.0
+    for algorithm in O.ALGORITHMS:
+        y, _ = run(O.StaticAllReduce(fmt, algorithm), x, 0)
+        assert (y[0][5] == 0).all(), algorithm
+
+
 def test_non_finite_rows_are_carried_by_the_outliers(state):
     fmt = O.StaticFormat.from_calibration(state, outliers=3)
     x = planted(0)[:, 0].copy()
