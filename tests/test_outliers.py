@@ -246,7 +246,7 @@ def test_calibration_must_fit_the_model(small_model):
         calibrate.static_collective(s, dataclasses.replace(SMALL, num_layers=4), p)
     fewer = {**s, "lo": s["lo"][:8], "hi": s["hi"][:8]}
     ar = O.StaticAllReduce.from_calibration(fewer)
-    with pytest.raises(ValueError, match="state for 8 AllReduce sites.*has 12"):
+    with pytest.raises(ValueError, match=r"state for 8 AllReduce sites.*has 12"):
         forward(params, tokens, SMALL, mesh=mesh(), all_reduce=ar)
 
 
