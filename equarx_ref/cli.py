@@ -409,8 +409,10 @@ def _cmd_outliers(args) -> int:
     print(report.format_table(result), file=out)
     print("\n" + calibrate.summary(result), file=out)
     if args.json:
+        defaults = {"tp": 4, "seq": 256}                  # the command as typed, defaults left out
         flags = [(f"--{k.replace('_', '-')}", v) for k, v in vars(args).items()
-                 if k not in ("command", "func", "no_progress") and v is not None]
+                 if k not in ("command", "func", "no_progress") and v is not None
+                 and defaults.get(k) != v]
         command = ["equarx-ref", "outliers", *(["--no-progress"] if args.no_progress else []),
                    *(str(x) for flag in flags for x in flag)]
         _write_json(args.json, {"command": shlex.join(command), **result})

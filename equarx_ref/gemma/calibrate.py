@@ -123,16 +123,16 @@ def static_collective(state: dict, config, tp: int, *, outliers: int | None = No
 
 def feature_ranges(state: dict, fmt=None, sites=PLOT_SITES) -> list[dict]:
     """Per-feature calibrated ranges of `sites` ((layer, kind) pairs), JSON-ready: each with
-    `range` (sum over devices of hi - lo, per feature), per-device `lo`/`hi`, and the outlier
-    features `fmt` (a `StaticFormat`) chose there."""
+    `range` (sum over devices of hi - lo, per feature, 4 significant digits), its median and
+    maximum, and the outlier features `fmt` (a `StaticFormat`) chose there. (Per-device
+    ranges: `state["lo"][site, 0]`, `state["hi"][site, 0]`.)"""
     out = []
     for layer, kind in sites:
         s = SITES_PER_LAYER * layer + _KINDS.index(kind)
         lo, hi = state["lo"][s, 0], state["hi"][s, 0]                   # [p, D]
         spread = (hi - lo).sum(axis=0)
         r = lambda a: [float(f"{v:.4g}") for v in np.ravel(a)]  # noqa: E731
-        out.append({"layer": layer, "kind": kind, "site": s,
-                    "range": r(spread), "lo": [r(v) for v in lo], "hi": [r(v) for v in hi],
+        out.append({"layer": layer, "kind": kind, "site": s, "range": r(spread),
                     "median_range": float(np.median(spread)), "max_range": float(spread.max()),
                     "outliers": [] if fmt is None else fmt.outliers[s].tolist()})
     return out
