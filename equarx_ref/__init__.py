@@ -2,7 +2,8 @@
 
 The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
 (the model), `kernels` (Pallas) and `viz` (matplotlib), load on first use, so `import
-equarx_ref` stays quick.
+equarx_ref` stays quick; so does `outliers` (static int4 with bf16 outlier features), a
+module of its own namespace.
 """
 
 import importlib
@@ -33,7 +34,7 @@ from .schedule import (
     two_shot_schedule,
 )
 
-_LAZY = ("gemma", "kernels", "viz")
+_LAZY = ("gemma", "kernels", "outliers", "viz")
 
 
 def __getattr__(name):
@@ -67,6 +68,7 @@ __all__ = [
     "make_mesh",
     "make_schedule",
     "one_shot_schedule",
+    "outliers",
     "parse_format",
     "predicted_relative_error",
     "predicted_time",

@@ -17,6 +17,7 @@ COMMANDS = {
     "demo.json": "equarx-ref demo --json docs/data/demo.json",
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
+    "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
 }
 
 
