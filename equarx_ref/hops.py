@@ -17,9 +17,9 @@ its cost, c(F_t)^2 w_t = lambda n_t; here the widths are integers (from two belo
 three above, `int6` ... `int11` around int8, bit-packed) and the block may grow in powers of
 two (fewer scale bits: int9 with a bf16 scale per 128 values costs 9.125 bits), and
 `hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily; within
-3% of an exact search's modelled error on p = 2 ... 16) under the budget: bits per element on the wire no more
-than `fmt`'s. c(F) is
-`predict.gaussian_relative_error`, the model for i.i.d. Gaussian data.
+3% of an exact search's modelled error on p = 2 ... 16) under the budget: bits per element on
+the wire no more than `fmt`'s. c(F) is `predict.gaussian_relative_error`, the model for i.i.d.
+Gaussian data.
 
 What it reaches (Gaussian data, int8 budget of 8.5 bits; measured values in the sweep): the ring
 at p = 8 goes from 2.12 c(int8) to about 1.7 c(int8); the two-shot algorithm's sqrt(2) c is not

@@ -188,9 +188,12 @@ def round_trip(x: np.ndarray, fmt) -> np.ndarray:
 # ---- collectives --------------------------------------------------------------------------
 
 
-def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
+def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
     """What `all_reduce` must return for inputs `x` [p, ...], by the collectives' documented
     semantics, following `schedule` (plain data) step by step in NumPy.
+
+    `plan` (hop-aware bits): ({step time: format}, gather format); chunks are then padded to
+    the largest block of the plan, and each step's messages use its own format.
 
     Each message is what a receiver decodes: dequantize(quantize(v)) (or, with fmt None, v
     rounded to x's dtype). A reduce hop adds it to the receiver's f32 copy; an all-to-all or a
@@ -200,17 +203,19 @@ def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
     x = np.asarray(x)
     p, n = x.shape[0], x[0].size
     dtype = x.dtype
-    align = fmt.block_size if fmt is not None else 1
+    steps_fmt, gather_fmt = plan if plan is not None else ({}, fmt)
+    align = max([f.block_size for f in (fmt, gather_fmt, *steps_fmt.values())]) \
+        if fmt is not None else 1
     C = schedule.num_chunks
     L = -(-n // (C * align)) * align
     acc = np.zeros((p, C * L), np.float32)
     acc[:, :n] = x.reshape(p, -1).astype(np.float32)
     acc = acc.reshape(p, C, L)
 
-    def message(v):  # v [..., L] f32 -> what the receiver decodes, f32
-        if fmt is None:
+    def message(v, f=fmt):  # v [..., L] f32 -> what the receiver decodes, f32
+        if f is None:
             return v.astype(dtype).astype(np.float32)
-        return round_trip(v.reshape(-1), fmt).reshape(v.shape)
+        return round_trip(v.reshape(-1), f).reshape(v.shape)
 
     def rank_order_sum(parts):
         total = parts[0]
@@ -220,25 +225,26 @@ def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
 
     for step in (s for s in schedule.steps if s.phase == "reduce"):
         new = acc.copy()  # a step reads everyone's copies from before it
+        f = steps_fmt.get(step.time, fmt)
         if step.kind == "permute":
             for t in step.transfers:
                 for c in t.chunks:
-                    new[t.dst, c] = message(acc[t.src, c]) + acc[t.dst, c]
+                    new[t.dst, c] = message(acc[t.src, c], f) + acc[t.dst, c]
         elif step.kind == "all_to_all":
             senders = {}
             for t in step.transfers:
                 for c in t.chunks:
                     senders.setdefault((t.dst, c), {t.dst}).add(t.src)
             for (d, c), srcs in senders.items():
-                new[d, c] = rank_order_sum([message(acc[r, c]) for r in sorted(srcs)])
+                new[d, c] = rank_order_sum([message(acc[r, c], f) for r in sorted(srcs)])
         elif step.kind == "all_gather":
-            total = rank_order_sum([message(acc[r]) for r in range(p)])
+            total = rank_order_sum([message(acc[r], f) for r in range(p)])
             new[:] = total
         else:
             raise AssertionError(step.kind)
         acc = new
     if any(s.phase == "gather" for s in schedule.steps):
-        out = np.stack([message(acc[schedule.owners[c][0], c]) for c in range(C)])
+        out = np.stack([message(acc[schedule.owners[c][0], c], gather_fmt) for c in range(C)])
     else:
         out = acc[0]
     return out.reshape(-1)[:n].reshape(x.shape[1:]).astype(dtype)
