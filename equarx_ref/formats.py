@@ -153,9 +153,9 @@ class Format:
         object.__setattr__(self, "scale_dtype", scale)
         if self.block_size * self.elem_bits % 8:
             unit = 8 // math.gcd(8, self.elem_bits)
+            rule = "even" if unit == 2 else f"a multiple of {unit}"
             raise ValueError(f"{self.elem_bits}-bit elements are bit-packed: a block must fill "
-                             f"whole bytes, so block_size must be a multiple of {unit}, got "
-                             f"{self.block_size}")
+                             f"whole bytes, so block_size must be {rule}, got {self.block_size}")
         if self.scale_rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
         if self.scale_rule != "ceil" and scale != "e8m0":
