@@ -18,6 +18,11 @@ COMMANDS = {
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
     "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
+    # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
+    "multihost-100mbit.json": "equarx-ref bench --hosts 4 --link 100mbit --mib 32 --no-progress "
+                              "--json docs/data/multihost-100mbit.json",
+    "multihost-1gbit.json": "equarx-ref bench --hosts 4 --link 1gbit --mib 32 --no-progress "
+                            "--json docs/data/multihost-1gbit.json",
 }
 
 
