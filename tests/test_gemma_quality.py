@@ -98,13 +98,13 @@ def test_collectives_of_the_report():
     with pytest.raises(ValueError, match="unknown algorithm"):
         Bf16AllReduce("tree")
     with pytest.raises(ValueError):
-        collective("ring", "int2")
+        collective("ring", "int1")
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--tp", "0"], "expected an integer >= 1, got '0'"),
     (["--tokens", "-1"], "expected an integer >= 3, got '-1'"),
-    (["--formats", "int2"], "int2"),
+    (["--formats", "int1"], "int1"),
     (["--algorithms", "tree"], "invalid choice"),
 ])
 def test_cli_bad_flags_exit_with_one_line(capsys, argv, message):

@@ -49,7 +49,7 @@ def _exit_code(argv: list[str]) -> int:
     ("--hosts 1", "expected an integer >= 2"),
     ("--hosts 2 --link fast", "link rate must look like"),
     ("--link 1gbit", "--link and --plot go with --hosts"),
-    ("--hosts 2 --formats int3", "int3"),
+    ("--hosts 2 --formats int16", "int16"),
     ("--hosts 2 --timeout 5", "expected an integer >= 10"),
 ])
 def test_bad_flags(argv, message, capsys):
