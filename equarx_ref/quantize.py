@@ -333,9 +333,12 @@ def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
         # element i in the low nibble, element i + B/2 in the high one. Written as a sum over
         # the two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the
         # whole quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode
-        # of a dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core).
+        # of a dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core). The shifts
+        # are an iota, not an array constant: a Pallas kernel (kernels/hop.py) may not capture
+        # constants.
         halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
-        return jnp.sum(halves << jnp.array([[0], [4]], jnp.int32), axis=-2).astype(jnp.uint8)
+        shifts = 4 * lax.broadcasted_iota(jnp.int32, (2, 1), 0)  # [[0], [4]]
+        return jnp.sum(halves << shifts, axis=-2).astype(jnp.uint8)
     return _pack_bits(codes, fmt.elem_bits)
 
 

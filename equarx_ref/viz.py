@@ -13,6 +13,13 @@ One colour per wire format and one marker per algorithm (`MARKERS`), in every fi
 and link bars per piece and hop); `plot_speedup` draws `equarx-ref model` rows (modelled
 speedup against message size).
 
+`kernel_timeline` turns the Pallas ring kernel's plan (`kernels.plan_ring(...).program(d)`:
+which message each step waits for, which slots it reads and writes) into a timeline under
+assumed durations, and `draw_kernel_timeline` draws it: the local fetches of x (HBM -> VMEM),
+the compute, the link, and which message occupies each send and receive slot when: the double
+buffer, drawn. Modelled, not measured: every device runs the same program, so the message a
+device awaits leaves its upstream neighbour exactly when its own message of that index leaves.
+
 `draw_torus` draws a TPU slice as its ICI network: chips as nodes, numbered as a mesh of that
 shape numbers its devices (row-major), links between neighbours, wraparound links as short
 stubs at the edges, and one ring (the chips along one axis through chip 0) in colour, with
@@ -33,8 +40,9 @@ from matplotlib.patches import FancyArrowPatch
 from .formats import UNQUANTIZED
 from .schedule import Schedule
 
-__all__ = ["MARKERS", "draw_schedule", "draw_timeline", "draw_torus", "plot_bytes_error",
-           "plot_comparison", "plot_cpu_time", "plot_speedup", "plot_sweep"]
+__all__ = ["MARKERS", "draw_kernel_timeline", "draw_schedule", "draw_timeline", "draw_torus",
+           "kernel_timeline", "plot_bytes_error", "plot_comparison", "plot_cpu_time",
+           "plot_speedup", "plot_sweep"]
 
 #: The marker of each algorithm, in every figure of the package.
 MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
@@ -169,6 +177,93 @@ def draw_timeline(events, ax=None, title: str | None = None):
     ax.set_yticks(list(rows.values()))
     ax.set_yticklabels(list(rows))
     ax.set_xlabel("time (labels: hop; colours: piece)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+def kernel_timeline(plan, *, device: int = 0, lane: int = 0, compute: float = 1.0,
+                    link: float = 1.0, fetch: float = 0.25) -> list[tuple]:
+    """One device's run of the ring kernel, `(resource, label, piece, start, end)` events.
+
+    `plan` is a `kernels.RingPlan`; `compute`, `link` and `fetch` are the assumed times of one
+    whole chunk's fused hop, message and HBM -> VMEM copy (a piece takes its share of them), so
+    plans with different `num_chunks` compare at equal work. The steps run in the kernel's
+    order: prefetch x for the next step, wait for this step's x and for the awaited message,
+    compute, then wait until the send slot's previous DMA is done and the downstream receive
+    slot is free (its reader signalled), and start the DMA. Resources: "x → VMEM", "compute",
+    "link", "send slot i", "recv slot i" (a slot is busy from the DMA that fills it until it
+    is read, or for a send slot until its DMA is done). Labels: the hop (compute, link) or
+    "hop.piece" of the message held (slots).
+    """
+    rows = plan.program(device, lane)
+    k, slots = plan.k, plan.slots
+    share = [size / plan.length for _, size in plan.pieces]
+    events = []
+    fetched, link_start, link_end, read = {}, {}, {}, {}
+    fetch_free = fetch * share[0]  # the kernel starts by fetching step 0's piece
+    events.append(("x → VMEM", "0", 0, 0.0, fetch_free))
+    fetched[0] = fetch_free
+    clock = link_free = 0.0  # clock: the kernel's program order (one scalar core)
+    for r in rows:
+        t, h, j = r["step"], r["hop"], r["piece"]
+        if r["prefetch"] is not None:
+            nxt = rows[r["prefetch"]]
+            start = max(clock, fetch_free)
+            fetch_free = fetched[r["prefetch"]] = start + fetch * share[nxt["piece"]]
+            events.append(("x → VMEM", str(nxt["hop"]), nxt["piece"], start, fetch_free))
+        ready = max(clock, fetched.get(t, 0.0))
+        if r["wait"] is not None:
+            hop, piece = r["wait"]
+            m = hop * k + piece  # the awaited message's index (its sender's step)
+            ready = max(ready, link_end[m])  # upstream sent it when this device sent its m
+            read[t] = ready
+            events.append((f"recv slot {r['recv_slot']}", f"{hop}.{piece}", piece,
+                           link_start[m], ready))
+        clock = ready + compute * share[j]
+        events.append(("compute", str(h), j, ready, clock))
+        if r["send_slot"] is not None:
+            written = max(clock, link_end.get(t - 2, 0.0))  # wait_send of the slot's last DMA
+            free = read[t - slots + k] if t >= slots else 0.0  # downstream read message t-slots
+            clock = max(written, free)
+            start = max(clock, link_free)
+            link_start[t] = start
+            link_free = link_end[t] = start + link * share[j]
+            events.append(("link", str(h), j, start, link_free))
+            events.append((f"send slot {r['send_slot']}", f"{h}.{j}", j, written, link_free))
+    return events
+
+
+def draw_kernel_timeline(plan, ax=None, title: str | None = None, **durations):
+    """Draw `kernel_timeline(plan, **durations)` as a Gantt chart, one row per resource, bars
+    coloured by piece; a dashed line where the owner encodes the full sum (the all-gather
+    begins). Returns the Axes."""
+    events = kernel_timeline(plan, **durations)
+    names = ["x → VMEM", "compute", "link", *(f"send slot {i}" for i in range(2)),
+             *(f"recv slot {i}" for i in range(plan.slots))]
+    y = {name: len(names) - 1 - i for i, name in enumerate(names)}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1))
+    cmap = plt.get_cmap("tab10")
+    end = max(e[4] for e in events)
+    for resource, label, piece, start, stop in events:
+        ax.barh(y[resource], stop - start, left=start, height=0.72, color=cmap(piece % 10),
+                alpha=0.85, edgecolor="white", linewidth=0.6)
+        if stop - start > 0.012 * end * len(label):
+            ax.text((start + stop) / 2, y[resource], label, ha="center", va="center",
+                    fontsize=7)
+    owner = [e[3] for e in events if e[0] == "compute" and int(e[1]) == plan.p - 1]
+    if owner:  # hop p - 1: the owner encodes the full sum; from here on bytes are forwarded
+        ax.axvline(min(owner), color="0.3", ls="--", lw=0.8)
+        ax.text(min(owner), len(names) - 0.4, " full sum: all-gather from here", fontsize=7,
+                va="bottom")
+    ax.set_yticks([y[n] for n in names])
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_ylim(-0.6, len(names) - 0.1)
+    ax.set_xlabel("time (modelled; labels: hop, or hop.piece of the message a slot holds; "
+                  "colours: piece)", fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     for side in ("top", "right"):

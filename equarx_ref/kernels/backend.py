@@ -40,11 +40,26 @@ def on_tpu() -> bool:
     return jax.default_backend() == "tpu"
 
 
+def _mesh_platform() -> str | None:
+    """The platform of the mesh being traced over (inside `shard_map`), or None outside one.
+    It decides, not the default backend: on a single-chip TPU (free Colab) the default backend
+    is the TPU, but a ring runs on a mesh of simulated CPU devices, where only interpret mode
+    works."""
+    try:
+        device = jax.sharding.get_abstract_mesh().abstract_device
+    except Exception:  # no mesh context, or a jax without abstract devices
+        return None
+    return getattr(device, "platform", None)
+
+
 def interpret_params(interpret=None):
-    """`interpret=` for `pallas_call`: None picks native on a TPU, else interpret mode with the
-    race detector on; True means interpret mode with the detector; anything else is passed on."""
-    if interpret is None and on_tpu():
-        return False
+    """`interpret=` for `pallas_call`: None picks native on a TPU (the mesh's devices inside
+    `shard_map`, else the default backend), else interpret mode with the race detector on;
+    True means interpret mode with the detector; anything else is passed on."""
+    if interpret is None:
+        platform = _mesh_platform()
+        if (platform == "tpu") if platform is not None else on_tpu():
+            return False
     if interpret is None or interpret is True:
         return race_detecting()
     return interpret

@@ -64,23 +64,32 @@ def _inputs(p: int, n: int, seed: int) -> np.ndarray:
     return x
 
 
+def _devices(p: int) -> list:
+    """p devices for a ring: the default backend's if it has p (a TPU slice), else simulated
+    CPU devices (a single-chip TPU, as on free Colab: the ring then runs in interpret mode)."""
+    for devices in (jax.devices(), jax.devices("cpu")):
+        if len(devices) >= p:
+            return list(devices[:p])
+    raise ValueError(f"p={p} needs {p} devices, have {len(jax.devices())} "
+                     f"{jax.default_backend()} and {len(jax.devices('cpu'))} CPU devices "
+                     "(call eq.setup_devices first)")
+
+
 def check(p: int = 4, *, fmt: Format | None = Format.int8(), algorithm: str = "ring",  # noqa: B008
           n: int = 300, num_chunks: int = 2, sabotage: str | None = None, seed: int = 0,
           x: np.ndarray | None = None) -> KernelCheck:
-    """Run `all_reduce(impl="pallas")` and `impl="xla"` on the first p devices and compare.
+    """Run `all_reduce(impl="pallas")` and `impl="xla"` on p devices and compare (the default
+    backend's if it has p, else simulated CPU devices, in interpret mode).
 
     `x` ([p, n], one row per device) overrides the default inputs: N(0, 1) with a zero block.
     """
     from ..collectives import all_reduce
     from .ring import ring_all_reduce
 
-    devices = jax.devices()
-    if p > len(devices):
-        raise ValueError(f"p={p} needs {p} devices, have {len(devices)} "
-                         "(call eq.setup_devices first)")
     x = _inputs(p, n, seed) if x is None else np.asarray(x)
     p, n = x.shape
-    mesh = jax.make_mesh((p,), ("ring",), devices=devices[:p])
+    devices = _devices(p)
+    mesh = jax.make_mesh((p,), ("ring",), devices=devices)
     spec = jax.sharding.PartitionSpec("ring")
     xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
 
@@ -91,7 +100,7 @@ def check(p: int = 4, *, fmt: Format | None = Format.int8(), algorithm: str = "r
     want = np.asarray(run(lambda v: all_reduce(v, "ring", fmt=fmt, algorithm=algorithm,
                                                num_chunks=num_chunks, min_bytes=0)))
     start = time.perf_counter()
-    if backend.on_tpu():
+    if devices[0].platform == "tpu":
         got, races = run(lambda v: ring_all_reduce(
             v, "ring", fmt=fmt, algorithm=algorithm, num_chunks=num_chunks,
             sabotage=sabotage)), None
@@ -191,7 +200,7 @@ def report(progress=None) -> dict:
     out = {"backend": jax.default_backend(), "tpu": backend.on_tpu(), "checks": [],
            "lowering": {}, "timings": [], "timing_errors": {}}
     for p, algorithm, name, k, sabotage in CHECKS:
-        if p > len(jax.devices()):
+        if p > max(len(jax.devices()), len(jax.devices("cpu"))):
             continue
         say(f"check p={p} {algorithm} {name}" + (f" sabotage={sabotage}" if sabotage else ""))
         result = check(p, fmt=Format.parse(name), algorithm=algorithm, num_chunks=k,
