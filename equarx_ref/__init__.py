@@ -1,7 +1,9 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
 The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
-(the model) and `viz` (matplotlib), load on first use, so `import equarx_ref` stays quick.
+(the model), `kernels` (Pallas) and `viz` (matplotlib), load on first use, so `import
+equarx_ref` stays quick; so does `outliers` (static int4 with bf16 outlier features), a
+module of its own namespace.
 """
 
 import importlib
@@ -32,7 +34,7 @@ from .schedule import (
     two_shot_schedule,
 )
 
-_LAZY = ("gemma", "viz")
+_LAZY = ("gemma", "kernels", "outliers", "viz")
 
 
 def __getattr__(name):
@@ -61,10 +63,12 @@ __all__ = [
     "gaussian_relative_error",
     "gemma",
     "hlo_wire_bytes",
+    "kernels",
     "layout",
     "make_mesh",
     "make_schedule",
     "one_shot_schedule",
+    "outliers",
     "parse_format",
     "predicted_relative_error",
     "predicted_time",

@@ -4,6 +4,8 @@
     equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
+    equarx-ref kernels  the Pallas TPU kernels: bitwise and race checks; GB/s on a real TPU
+    equarx-ref outliers static int4 + bf16 outlier features (calibrated) on Gemma 3 270M
 
 (This module only parses arguments, calls the package and prints; bad arguments end with one
 line naming the problem and exit status 2, before any work starts.)
@@ -366,6 +368,96 @@ def _cmd_model(args) -> int:
     return 0
 
 
+def _add_kernels(sub) -> None:
+    p = sub.add_parser("kernels", help="the Pallas TPU kernels: checks; GB/s on a real TPU",
+                       description="The Pallas ring AllReduce (impl='pallas') against the XLA "
+                       "path: bitwise equality and the race detector's count, in TPU interpret "
+                       "mode on CPU devices (a deliberately broken kernel must show races). On "
+                       "a TPU: the fused hop kernel's GB/s against XLA's hop and the chip's HBM "
+                       "bandwidth, measured on the chip. Without a TPU, no TPU figure.")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
+    p.set_defaults(func=_cmd_kernels)
+
+
+def _cmd_kernels(args) -> int:
+    from . import devices
+    from .kernels import checks
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    devs = devices.setup_devices(8)
+    report = checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
+    if not report["tpu"]:
+        print(f"no TPU here ({devices.describe_devices(devs)}): the kernels ran in TPU "
+              "interpret mode (correctness and races only, no speed)", file=out)
+    rows = [[str(c["p"]), c["algorithm"], c["format"], str(c["num_chunks"]),
+             c["sabotage"] or "-", "yes" if c["bitwise"] else "NO",
+             "-" if c["races"] is None else str(c["races"])] for c in report["checks"]]
+    print(_table(["p", "algorithm", "format", "pieces", "sabotage", "bitwise = xla", "races"],
+                 rows), file=out)
+    print("the fused hop lowered for a TPU (Mosaic, checked from this machine):", file=out)
+    for name, status in report["lowering"].items():
+        print(f"  {name:>9}: {status}", file=out)
+    for t in report["timings"]:
+        hbm = "" if t["hbm_gbps"] is None else f", {t['kernel_gbps'] / t['hbm_gbps']:.0%} of HBM"
+        print(f"{t['chip']} fused hop {t['format']}: {t['kernel_gbps']:.0f} GB/s (XLA "
+              f"{t['xla_gbps']:.0f} GB/s{hbm}), bitwise {t['bitwise']}", file=out)
+    for name, error in report["timing_errors"].items():
+        print(f"fused hop {name} not timed on the chip: {error}", file=out)
+    if args.json:
+        _write_json(args.json, report)
+def _add_outliers(sub) -> None:
+    p = sub.add_parser("outliers", help="static int4 + bf16 outliers (Dong et al.) on Gemma",
+                       description="Calibrate static int4 AllReduce on Gemma 3 270M (per-site, "
+                       "per-device, per-feature ranges on the calibration text, E/64 widest "
+                       "features in bf16), then score it beside the dynamic formats on the "
+                       "evaluation text: dNLL with paired SE, KL, top-1, bits per value and "
+                       "bytes on the wire (counted and read from the compiled HLO).")
+    p.add_argument("--tp", type=_at_least(2), default=4, help="tensor-parallel size (4)")
+    p.add_argument("--tokens", type=_at_least(3), default=None,
+                   help="score only the first N tokens of the evaluation text")
+    p.add_argument("--seq", type=_at_least(2), default=256,
+                   help="calibration sequence length in tokens (256)")
+    p.add_argument("--outliers", type=_at_least(0), default=None,
+                   help="bf16 features per site (default E/64)")
+    p.add_argument("--calibration", metavar="NPZ", default=None,
+                   help="use this saved calibration instead of calibrating")
+    p.add_argument("--save-calibration", metavar="NPZ", type=_writable, default=None,
+                   help="save the calibration state (.npz)")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_outliers)
+
+
+def _cmd_outliers(args) -> int:
+    import shlex
+
+    from . import outliers
+    from .gemma import calibrate, report
+
+    state = None if args.calibration is None else outliers.load_calibration(args.calibration)
+    if state is None and args.save_calibration:
+        state = calibrate.calibrate_text(tp=args.tp, seq=args.seq, progress=not args.no_progress)
+    if args.save_calibration:
+        outliers.save_calibration(args.save_calibration, state)
+    result = calibrate.evaluate_static(tp=args.tp, max_tokens=args.tokens, calibration=state,
+                                       seq=args.seq, outliers=args.outliers,
+                                       progress=not args.no_progress)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(report.format_table(result), file=out)
+    print("\n" + calibrate.summary(result), file=out)
+    if args.json:
+        defaults = {"tp": 4, "seq": 256}                  # the command as typed, defaults left out
+        flags = [(f"--{k.replace('_', '-')}", v) for k, v in vars(args).items()
+                 if k not in ("command", "func", "no_progress") and v is not None
+                 and defaults.get(k) != v]
+        command = ["equarx-ref", "outliers", *(["--no-progress"] if args.no_progress else []),
+                   *(str(x) for flag in flags for x in flag)]
+        _write_json(args.json, {"command": shlex.join(command), **result})
+    return 0
+
+
 def _size(nbytes: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
@@ -387,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub)
     _add_gemma(sub)
     _add_model(sub)
+    _add_kernels(sub)
+    _add_outliers(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0

@@ -29,6 +29,10 @@ Over one device nothing is sent, so nothing is quantized: `all_reduce` returns `
 an empty `x` comes back empty. What each configuration sends and how much error it makes are
 predicted, from the same schedules, in `predict.py`.
 
+`impl="pallas"` runs "ring" and "bidir_ring" as one Pallas TPU kernel instead (remote DMAs,
+semaphores, an in-kernel pipeline: `kernels/ring.py`), natively on a TPU and in TPU interpret
+mode elsewhere; its result is bitwise `impl="xla"`'s, its messages the same bytes.
+
 `AllReduce(fmt=..., algorithm=..., num_chunks=...)` packages one configuration as a frozen,
 hashable callable `(x, axis_name) -> sum`: pass it where a function expects a collective (the
 Gemma model's `all_reduce=`), and equal configurations share one compiled program.
@@ -51,7 +55,10 @@ from .predict import ALGORITHMS, check_algorithm, encoded_bytes
 from .quantize import decode, encode
 from .schedule import Schedule, layout, make_schedule
 
-__all__ = ["ALGORITHMS", "AllReduce", "all_reduce"]
+__all__ = ["ALGORITHMS", "IMPLS", "AllReduce", "all_reduce"]
+
+#: How `all_reduce` executes a schedule: shard_map collectives, or one Pallas TPU kernel.
+IMPLS = ("xla", "pallas")
 
 
 # ---- what travels: one uint8 buffer per message ----------------------------------------------
@@ -220,9 +227,18 @@ def _check_input(x) -> None:
                         "quantized sums of integers are not defined here (cast to float first)")
 
 
+def _check_impl(impl, algorithm: str, axes) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
+    if impl == "pallas" and (algorithm not in ("ring", "bidir_ring") or len(axes) > 1):
+        what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
+        raise ValueError(f"impl='pallas' runs 'ring' and 'bidir_ring' over one mesh axis, "
+                         f"not {what}; use impl='xla'")
+
+
 def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
                algorithm: str = "ring", num_chunks: int = 1,
-               min_bytes: int | None = None) -> jax.Array:
+               min_bytes: int | None = None, impl: str = "xla") -> jax.Array:
     """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`.
 
     Args:
@@ -235,6 +251,9 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
             XLA's quantized AllReduce and vLLM's QuickReduce do below their thresholds. None
             (default): the time model's crossover on a TPU (`cost.default_min_bytes`), 0 on
             CPU devices, so on CPU every message is quantized. 0: never gate.
+        impl: "xla" (shard_map collectives) or "pallas" (one Pallas TPU kernel with remote
+            DMAs; "ring" and "bidir_ring" over one axis; interpret mode off a TPU). Both give
+            bitwise the same result.
 
     Returns:
         The sum, with the shape and dtype of `x`: bitwise identical on every device and typed
@@ -242,12 +261,14 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
 
     Raises:
         TypeError: `x` is not floating point, or `fmt` is not a Format.
-        ValueError: unknown algorithm or axis, `fmt` given with "psum", bad `num_chunks`.
+        ValueError: unknown algorithm, axis or impl, `fmt` given with "psum", bad
+            `num_chunks`, impl="pallas" with an algorithm or torus it does not run.
     """
     _check_input(x)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
     check_algorithm(algorithm, fmt, shape, num_chunks)
+    _check_impl(impl, algorithm, axes)
     if algorithm == "psum":
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
@@ -257,6 +278,10 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
                                  device_kind=jax.devices()[0].device_kind) \
             if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
         fmt = None if x.nbytes < gate else fmt
+    if impl == "pallas":
+        from .kernels import ring_all_reduce  # Pallas loads only when asked for
+
+        return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
     return _run(x, axes, shape, fmt, algorithm, num_chunks)
 
 
@@ -296,18 +321,21 @@ class AllReduce:
     algorithm: str = "ring"
     num_chunks: int = 1
     min_bytes: int | None = None
+    impl: str = "xla"
 
     def __post_init__(self):
         check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
         if self.min_bytes is not None:
             count(self.min_bytes, "min_bytes", minimum=0)
+        _check_impl(self.impl, self.algorithm, ("",))
 
     def __call__(self, x: jax.Array, axis_name) -> jax.Array:
         return all_reduce(x, axis_name, fmt=self.fmt, algorithm=self.algorithm,
-                          num_chunks=self.num_chunks, min_bytes=self.min_bytes)
+                          num_chunks=self.num_chunks, min_bytes=self.min_bytes, impl=self.impl)
 
     def __str__(self) -> str:
         from .formats import format_label
 
         pipe = f" x{self.num_chunks}" if self.num_chunks > 1 else ""
-        return f"{self.algorithm} {format_label(self.fmt)}{pipe}"
+        kernel = " (pallas)" if self.impl == "pallas" else ""
+        return f"{self.algorithm} {format_label(self.fmt)}{pipe}{kernel}"

@@ -27,6 +27,10 @@ the first term the busiest resource kept busy (fill and drain included), the sec
 of one piece through all hops (at k = 1 nothing overlaps: S (q + m)). Every piece pays alpha,
 so the best k balances hidden compute against added latency: `best_num_chunks`.
 
+Hosts on a switch (`Chip(..., links=1)`, what the multi-host benchmark emulates) have one link
+each: a hop costs what the host sends in total, so the link term of every algorithm is simply
+`wire_bytes / W`, and a bidirectional ring or a torus gains nothing.
+
 What the model leaves out: contention from other traffic, the real DMA engines and their
 descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
 pass. Its TPU figures are modelled, not measured; `Chip` also takes measured figures (the
@@ -64,7 +68,10 @@ class Chip:
         hop_latency: seconds per hop (alpha).
         hbm_bandwidth: bytes/s of an elementwise pass over memory.
         peak_flops: bf16 FLOP/s (for compute-bound work such as a model's matmuls).
-        links: links per chip (4 on a 2D torus, 6 on a 3D one).
+        links: links per chip (4 on a 2D torus, 6 on a 3D one). 1 means hosts on a switch, each
+            with one network link: everything a device sends shares that link, whichever
+            neighbour it goes to, so a bidirectional ring gains nothing and an all-gather
+            pays for every byte (the multi-host benchmark's emulated hosts).
         torus: the largest slice's shape.
         source: where the figures come from.
         quantize_overhead: fixed seconds a quantized hop costs beyond its memory pass (kernel
@@ -115,6 +122,9 @@ class Phase:
         pipelined: whether its hops are cut into `num_chunks` pieces.
         quantizes: (de)quantizing passes it runs per hop (or in total when hops == 0), each
             paying the chip's `quantize_overhead`.
+        sent_bytes: bytes the device sends per hop over all its links together: what one
+            network link carries when there is only one (`Chip.links == 1`). Summed over the
+            phases' hops it is `wire_bytes`.
     """
 
     name: str
@@ -123,6 +133,7 @@ class Phase:
     hbm_bytes: float
     pipelined: bool = False
     quantizes: int = 0
+    sent_bytes: float = 0.0
 
 
 def _chip(chip) -> Chip:
@@ -161,14 +172,14 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             enc = encoded_bytes(chunk * lead, fmt, dtype)
             out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
                              d * (2 * enc + chunk * lead * itemsize), pipelined=True,
-                             quantizes=2 * d * quantized))
+                             quantizes=2 * d * quantized, sent_bytes=d * enc))
         lead = 1
         for q in reversed(shape):  # gathers run back; arriving chunks are decoded as they come
             hops = math.ceil((q - 1) / 2)
             arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
             decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops)
             out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
-                             pipelined=True, quantizes=quantized))
+                             pipelined=True, quantizes=quantized, sent_bytes=arriving))
             lead *= q
         return out
     (p,) = shape
@@ -176,18 +187,21 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         chunk = layout(n, p, fmt.block_size if fmt else 1, 1)[0]
         enc = encoded_bytes(chunk, fmt, dtype)
         per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
+        hops = math.ceil((p - 1) / 2)
         out += [Phase("encode", 0, 0.0, n * itemsize + p * enc, quantizes=quantized),
-                Phase("all-to-all", p // 2, per_link / (p // 2), 0.0),
+                Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
+                      sent_bytes=(p - 1) * enc / (p // 2)),
                 Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc,
                       quantizes=2 * quantized),
-                Phase("all-gather", math.ceil((p - 1) / 2),
-                      (p - 1) * enc / 2 / math.ceil((p - 1) / 2), 0.0),
+                Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
+                      sent_bytes=(p - 1) * enc / hops),
                 Phase("decode", 0, 0.0, p * enc + n * itemsize, quantizes=quantized)]
         return out
     # one_shot: every input to everyone, summed everywhere
+    hops = math.ceil((p - 1) / 2)
     out += [Phase("encode", 0, 0.0, n * itemsize + enc_all, quantizes=quantized),
-            Phase("all-gather", math.ceil((p - 1) / 2),
-                  (p - 1) * enc_all / 2 / math.ceil((p - 1) / 2), 0.0),
+            Phase("all-gather", hops, (p - 1) * enc_all / 2 / hops, 0.0,
+                  sent_bytes=(p - 1) * enc_all / hops),
             Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize, quantizes=quantized)]
     return out
 
@@ -197,7 +211,8 @@ def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
     if ph.hops == 0:
         return ph.hbm_bytes / chip.hbm_bandwidth + fixed
     k = k if ph.pipelined else 1
-    m = chip.hop_latency + ph.link_bytes / k / chip.link_bandwidth
+    per_hop = ph.sent_bytes if chip.links == 1 else ph.link_bytes
+    m = chip.hop_latency + per_hop / k / chip.link_bandwidth
     q = ph.hbm_bytes / k / chip.hbm_bandwidth + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))

@@ -37,10 +37,13 @@ Edge cases, all deliberate:
   NaN), so the block dequantizes to 0 * inf = NaN: non-finite, whatever the payload. Other blocks
   are untouched.
 
-Wire layout. `to_bytes` lays out one uint8 buffer: every block's payload first (4-bit elements
-packed two per byte: element i of a block in the low nibble of byte i, element i + B/2 in its
-high nibble), then every block's scale bytes (bf16/f32 bit patterns, or the E8M0 byte). A
-collective sends exactly that buffer, so the bytes counted are the bytes sent.
+Wire layout. `to_bytes` lays out one uint8 buffer, block after block: each block's payload
+(4-bit elements packed two per byte: element i of a block in the low nibble of byte i, element
+i + B/2 in its high nibble) followed by that block's scale bytes (the bf16/f32 bit pattern, or
+the E8M0 byte). A collective sends exactly that buffer, so the bytes counted are the bytes sent.
+Block-major keeps every block's bytes contiguous, so encoding is one pass that writes rows:
+putting all payloads first and all scales after made XLA:CPU fuse the quantizer into a flat,
+strided write, 15x slower for int4 (measured: 159 ms against 11 ms for 4M values, one core).
 """
 
 from __future__ import annotations
@@ -306,8 +309,12 @@ def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.uint8)
     if fmt.elem_bits == 8:
         return codes
-    half = codes.shape[-1] // 2  # element i in the low nibble, element i + B/2 in the high one
-    return codes[..., :half] | (codes[..., half:] << 4)
+    # element i in the low nibble, element i + B/2 in the high one. Written as a sum over the
+    # two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the whole
+    # quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode of a
+    # dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core).
+    halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
+    return jnp.sum(halves << jnp.array([[0], [4]], jnp.int32), axis=-2).astype(jnp.uint8)
 
 
 def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
@@ -395,10 +402,11 @@ def _scale_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
 
 
 def to_bytes(q: Quantized) -> jax.Array:
-    """One uint8 buffer: all payload bytes, then all scale bytes (leading batch axes kept)."""
+    """One uint8 buffer, block after block: its payload bytes, then its scale bytes (leading
+    batch axes kept)."""
     lead = q.payload.shape[:-2]
-    return jnp.concatenate([q.payload.reshape(*lead, -1),
-                            _scale_to_bytes(q.scales, q.fmt).reshape(*lead, -1)], axis=-1)
+    rows = jnp.concatenate([q.payload, _scale_to_bytes(q.scales, q.fmt)], axis=-1)
+    return rows.reshape(*lead, -1)  # [..., blocks, bytes_per_block] -> [..., nbytes]
 
 
 def from_bytes(buf: jax.Array, fmt: Format, shape: tuple[int, ...], dtype="float32") -> Quantized:
@@ -407,10 +415,9 @@ def from_bytes(buf: jax.Array, fmt: Format, shape: tuple[int, ...], dtype="float
     if buf.dtype != jnp.uint8 or buf.shape[-1] != blocks * fmt.bytes_per_block:
         raise ValueError(f"buffer {buf.dtype}{list(buf.shape)} does not hold {blocks} blocks of "
                          f"{fmt} ({blocks * fmt.bytes_per_block} bytes)")
-    lead = buf.shape[:-1]
-    split = blocks * fmt.payload_bytes_per_block
-    payload = buf[..., :split].reshape(*lead, blocks, fmt.payload_bytes_per_block)
-    scales = _scale_from_bytes(buf[..., split:].reshape(*lead, blocks, fmt.scale_bytes), fmt)
+    rows = buf.reshape(*buf.shape[:-1], blocks, fmt.bytes_per_block)
+    split = fmt.payload_bytes_per_block
+    payload, scales = rows[..., :split], _scale_from_bytes(rows[..., split:], fmt)
     return Quantized(payload, scales, tuple(shape), jnp.dtype(dtype).name, fmt)
 
 

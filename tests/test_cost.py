@@ -54,6 +54,25 @@ def test_phases_carry_the_schedule_bytes():
         assert rs.hops * rs.link_bytes == sent / 2  # the other half is the gather's
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
+@pytest.mark.parametrize("p", [2, 3, 4, 8, (2, 4)])
+def test_hosts_on_a_switch_pay_every_byte_they_send(algorithm, p):
+    """With one link per host (`links=1`), the link term is wire_bytes / W plus a latency per
+    hop, for every algorithm: the phases' sent bytes add up to what the device sends."""
+    if isinstance(p, tuple) and algorithm not in ("ring", "bidir_ring"):
+        return
+    chip = eq.Chip("switch", link_bandwidth=1e8, hop_latency=1e-4, hbm_bandwidth=1e30,
+                   peak_flops=1.0, links=1)
+    n = 100_003
+    for fmt in (None, INT8, INT4):
+        ph = cost.phases(n, p, fmt=fmt, algorithm=algorithm)
+        hops = sum(x.hops for x in ph)
+        sent = eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm)
+        assert sum(x.hops * x.sent_bytes for x in ph) == pytest.approx(sent, rel=1e-12)
+        t = eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
+        assert t == pytest.approx(hops * 1e-4 + sent / 1e8, rel=1e-9)
+
+
 def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
     assert eq.predicted_time(0, 8, fmt=INT8, algorithm="ring", chip="v5e") == 0.0
     assert eq.predicted_time(100, 1, fmt=INT8, algorithm="ring", chip="v5e") == 0.0

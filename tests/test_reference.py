@@ -160,11 +160,13 @@ def _check(name, mode, kinds):
     differ("payload bytes", np.any(payload != want.payload, axis=1), want.payload, payload)
     differ("dequantized values", np.any(_bits(values) != _bits(want.values), axis=1) & fin |
            np.any(np.isfinite(values), axis=1) & ~fin, want.values, values)
-    # the wire buffer: every payload byte, then every scale's bytes (NaN bit patterns may vary)
-    ref_wire = np.concatenate([want.payload.ravel(), ref.scale_bytes(want.scales).ravel()])
-    compare = np.concatenate([np.ones(want.payload.size, bool), np.repeat(fin, fmt.scale_bytes)])
+    # the wire buffer, block after block: its payload bytes, then its scale's bytes (NaN bit
+    # patterns may vary)
+    ref_wire = np.concatenate([want.payload, ref.scale_bytes(want.scales)], axis=1).ravel()
+    compare = np.concatenate([np.ones(want.payload.shape, bool),
+                              np.repeat(fin[:, None], fmt.scale_bytes, axis=1)], axis=1).ravel()
     if not errors and not np.array_equal(wire[compare], ref_wire[compare]):
-        errors.append(f"{name} {mode}: to_bytes does not lay out payload, then scales")
+        errors.append(f"{name} {mode}: to_bytes is not block after block (payload, scale)")
     if not np.array_equal(encoded.ravel(), wire):
         errors.append(f"{name} {mode}: encode (the collectives' path) differs from to_bytes")
     return errors

@@ -18,6 +18,7 @@ COMMANDS = {
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
     "model-v5e.json": "equarx-ref model --chip v5e --json docs/data/model-v5e.json",
+    "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
 }
 
 

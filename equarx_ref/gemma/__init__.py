@@ -9,7 +9,8 @@ The model: `config` (shapes, presets), `model` (one shard's decoder), `parallel`
 `forward`). The files: `gguf_file` (open and read a GGUF), `weights`, `tokenizer`, `cache` (what
 is derived from a file, stored under its sha256). The measurement: `scoring` (per-token NLL, KL,
 top-1; AllReduce site error), `quality` (every algorithm x format against the exact run),
-`report` (text table), `figures`, `crosscheck` (against Hugging Face transformers).
+`report` (text table), `figures`, `crosscheck` (against Hugging Face transformers). Static int4
+AllReduce (`equarx_ref.outliers`): `calibrate` (ranges from `calibtext`, the quality table).
 
 `gguf` and `tokenizers` (extra `gemma`) are imported only when weights or the tokenizer load.
 """

@@ -9,7 +9,11 @@ cross-device step is the reduction `reduce(x)` that closes attention and the MLP
     x <- x + post_ffw_norm ( reduce( down  ( gelu_tanh(gate(h)) * up(h) ) ) ),  h = pre_ffw_norm(x)
 
 The reduction must come *before* the post-norms: RMSNorm of a partial sum is not the partial of
-an RMSNorm. That is where EQuARX's quantized AllReduce replaces the exact one.
+an RMSNorm. That is where EQuARX's quantized AllReduce replaces the exact one. The `2 L` reduction
+sites are numbered `site = 2 * layer + kind` (kind 0 after attention, 1 after the MLP), and
+`reduce` is told the site, as a traced int32 scalar (the layers run under `lax.scan`, so one
+traced block serves every layer): a collective with calibrated, per-site state (`outliers.py`)
+looks its tables up by it.
 
 Faithful to Gemma 3: RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` in float32; QK-norm over
 `head_dim`; rotate-half RoPE with base 10k (local) or 1M (global, positions divided by the linear
@@ -29,9 +33,12 @@ from jax import lax
 
 from .config import Gemma3Config
 
-__all__ = ["apply_rope", "attention", "decoder", "mlp", "rms_norm", "rope_tables"]
+__all__ = ["SITES_PER_LAYER", "apply_rope", "attention", "decoder", "mlp", "rms_norm",
+           "rope_tables"]
 
 f32 = jnp.float32
+#: AllReduce sites per block: `site = 2 * layer + kind`, kind 0 (attention), 1 (MLP).
+SITES_PER_LAYER = 2
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -107,14 +114,15 @@ def masks(seq: int, window: int):
 
 
 def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
-            reduce: Callable[[jax.Array], jax.Array], record: bool = False):
+            reduce: Callable[[jax.Array, jax.Array], jax.Array], record: bool = False):
     """Run all `L` blocks over the residual stream `x` `[batch, seq, D]` with `lax.scan`.
 
     Args:
         x: embedded tokens, `[batch, seq, D]`, float32.
         layers: stacked (local-shard) layer weights, each with a leading `L` axis.
         config: the model configuration.
-        reduce: the cross-shard sum of a partial `[batch, seq, D]` (identity on one device).
+        reduce: `reduce(partial, site)`, the cross-shard sum of a partial `[batch, seq, D]`
+            (identity on one device); `site` is `2 * layer + kind` as a traced int32 scalar.
         record: also return the partial sums that entered `reduce`.
 
     Returns:
@@ -128,17 +136,18 @@ def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
     global_cs = rope_tables(S, H, config.global_rope_base, config.global_rope_scale)
     global_mask, local_mask = masks(S, config.sliding_window)
     is_global = jnp.array([config.is_global(i) for i in range(config.num_layers)])
+    layer = jnp.arange(config.num_layers, dtype=jnp.int32)
 
     def block(x, args):
-        w, g = args
+        w, g, i = args
         cos = jnp.where(g, global_cs[0], local_cs[0])
         sin = jnp.where(g, global_cs[1], local_cs[1])
         mask = jnp.where(g, global_mask, local_mask)
         a_part = attention(rms_norm(x, w["attn_norm"], eps), w, cos, sin, mask, config)
-        x = x + rms_norm(reduce(a_part), w["post_attn_norm"], eps)
+        x = x + rms_norm(reduce(a_part, SITES_PER_LAYER * i), w["post_attn_norm"], eps)
         m_part = mlp(rms_norm(x, w["ffw_norm"], eps), w)
-        x = x + rms_norm(reduce(m_part), w["post_ffw_norm"], eps)
+        x = x + rms_norm(reduce(m_part, SITES_PER_LAYER * i + 1), w["post_ffw_norm"], eps)
         return x, ({"attn": a_part, "mlp": m_part} if record else None)
 
-    x, parts = lax.scan(block, x, (layers, is_global))
+    x, parts = lax.scan(block, x, (layers, is_global, layer))
     return (x, parts) if record else x

@@ -33,9 +33,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .config import Gemma3Config, check_params
-from .model import decoder, rms_norm
+from .model import SITES_PER_LAYER, decoder, rms_norm
 
-__all__ = ["ShardedParams", "forward", "forward_with_partials", "shard_params", "tp_size_error"]
+__all__ = ["ShardedParams", "forward", "forward_with_partials", "reduce_at", "shard_params",
+           "tp_size_error"]
 
 ReduceFn = Callable[[jax.Array, str], jax.Array]
 
@@ -148,9 +149,33 @@ def _forward_single(params, tokens, config: Gemma3Config):
     x = jnp.take(params["embed"], tokens, axis=0) * jnp.asarray(math.sqrt(config.embed_dim),
                                                                jnp.float32)  # [B, S, D]
     x = _poison_unknown(x, tokens, config.vocab_size)
-    x = decoder(x, params["layers"], config, reduce=lambda a: a)
+    x = decoder(x, params["layers"], config, reduce=lambda a, site: a)
     x = rms_norm(x, params["final_norm"], config.norm_eps)
     return jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V]
+
+
+def reduce_at(all_reduce: ReduceFn | None, x: jax.Array, site, *, axis_name: str) -> jax.Array:
+    """`all_reduce(x, axis_name)` at reduction site `site` (`lax.psum` if None).
+
+    A collective whose `takes_site` attribute is true (calibrated, per-site state, such as
+    `equarx_ref.outliers.StaticAllReduce`) is called as `all_reduce(x, axis_name, site=site)`.
+    """
+    if all_reduce is None:
+        return lax.psum(x, axis_name)
+    if getattr(all_reduce, "takes_site", False):
+        return all_reduce(x, axis_name, site=site)
+    return all_reduce(x, axis_name)
+
+
+def _check_sites(all_reduce, config: Gemma3Config) -> None:
+    """A per-site collective must have been made for this model's number of sites."""
+    sites = getattr(all_reduce, "sites", None) if getattr(all_reduce, "takes_site", False) \
+        else None
+    if sites is not None and sites != SITES_PER_LAYER * config.num_layers:
+        raise ValueError(f"all_reduce holds state for {sites} AllReduce sites, but Gemma 3 "
+                         f"{config.name} has {SITES_PER_LAYER * config.num_layers} "
+                         f"({config.num_layers} layers x {SITES_PER_LAYER}); calibrate it on "
+                         f"this model")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mesh", "all_reduce", "record"))
@@ -158,8 +183,7 @@ def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, re
     axis = mesh.axis_names[0]
     p = mesh.shape[axis]
     Vl = config.vocab_size // p
-    reduce = (lambda a: lax.psum(a, axis)) if all_reduce is None else \
-        (lambda a: all_reduce(a, axis))
+    reduce = functools.partial(reduce_at, all_reduce, axis_name=axis)
 
     def body(params, tokens):
         # Vocabulary-parallel lookup: the device owning a token's row contributes it, others 0.
@@ -201,7 +225,10 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
             algorithm="ring")`. None means `lax.psum`. It is a static argument of the compiled
             forward: an `eq.AllReduce` hashes by value, so equal ones share one compilation; a
             lambda or `functools.partial` hashes by identity and compiles anew for every new
-            object.
+            object. A collective with a true `takes_site` attribute is also given `site=`, the
+            index of the reduction (`2 * layer` after attention, `2 * layer + 1` after the
+            MLP) as a traced int32 scalar, and its `sites` attribute (if any) must equal
+            `2 * num_layers` (see `reduce_at`).
 
     Returns:
         Logits `[batch, seq, vocab]`; with a mesh, sharded over the vocabulary.
@@ -226,6 +253,7 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
         check_params(params, config)
         return _forward_single(params, jnp.asarray(tokens), config)
     _axis(mesh)
+    _check_sites(all_reduce, config)
     placed = shard_params(params, config, mesh).tree
     tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
     return _forward_tp(placed, tokens, config, mesh, all_reduce, False)
@@ -240,6 +268,7 @@ def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None):
     """
     tokens = _check_tokens(tokens, config)
     _axis(mesh)
+    _check_sites(all_reduce, config)
     placed = shard_params(params, config, mesh).tree
     tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
     return _forward_tp(placed, tokens, config, mesh, all_reduce, True)

@@ -38,6 +38,8 @@ from .scoring import sharded_scores, site_errors
 
 __all__ = ["DEFAULT_FORMATS", "Bf16AllReduce", "collective", "evaluate", "evaluate_text"]
 
+_KIND = {"attn": 0, "mlp": 1}  # site = 2 * layer + kind (model.py)
+
 #: What `evaluate` compares by default: the bf16 baseline and three wire formats.
 DEFAULT_FORMATS = ("bf16", "int8", "int4", "fp8_e4m3")
 
@@ -83,8 +85,9 @@ def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
     d = nll.astype(np.float64) - nll_e                          # paired, per token
     se = float(d.std(ddof=1) / math.sqrt(d.size))
     dnll = float(d.mean())
+    fmt = format_label(ar.fmt) if ar.fmt is None or isinstance(ar.fmt, Format) else str(ar.fmt)
     return {
-        "algorithm": ar.algorithm, "format": format_label(ar.fmt),
+        "algorithm": ar.algorithm, "format": fmt,
         "label": _label(ar),
         "mean_nll": float(nll.mean()), "ppl": float(math.exp(nll.mean())),
         "dnll": dnll, "dnll_se": se, "within_noise": bool(abs(dnll) < 2 * se),
@@ -98,7 +101,7 @@ def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
 
 
 def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAULT_FORMATS,
-             progress=True) -> dict:
+             extra=(), progress=True) -> dict:
     """Score every algorithm x format against the exact tensor-parallel run.
 
     Args:
@@ -108,6 +111,9 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
         mesh: a 1-D mesh (the tensor-parallel axis).
         algorithms: names from `eq.ALGORITHMS`; "psum" runs with "bf16" only.
         formats: names `eq.parse_format` reads ("bf16", "int8", "int4/b16", ...) or `Format`s.
+        extra: more collectives to score after those, each hashable with `algorithm` and `fmt`
+            attributes (its row's format is `str(fmt)` when fmt is not a `Format`), e.g.
+            `equarx_ref.outliers.StaticAllReduce`.
         progress: show a progress bar (tqdm) on stderr.
 
     Returns:
@@ -125,7 +131,7 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
                          f"{ids.shape[1]}")
     fmts = [parse_format(f) if isinstance(f, str) else f for f in formats]
     runs = [collective(a, f) for a in algorithms for f in fmts
-            if not (a == "psum" and f is not None)]
+            if not (a == "psum" and f is not None)] + list(extra)
     if not runs:
         raise ValueError(f"nothing to run for algorithms={algorithms}, formats={formats}")
     from tqdm.auto import tqdm
@@ -146,7 +152,7 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
         nll, top1, kl = (np.asarray(a) for a in sharded_scores(logits, ids_dev, logp_e, mesh,
                                                                 True))
         del logits
-        err = {k: np.asarray(site_errors(v, mesh, ar)) for k, v in parts.items()}
+        err = {k: np.asarray(site_errors(v, mesh, ar, _KIND[k])) for k, v in parts.items()}
         rows.append(_row(ar, nll, top1, kl, nll_e, top1_e, err))
         bar.update()
     bar.close()

@@ -16,13 +16,14 @@ def format_table(report: dict) -> str:
     m = report["meta"]
     head = (f"{m['model']}, TP={m['tp']}, {m['scored']} scored tokens; exact run (psum f32): "
             f"mean NLL {m['exact_mean_nll']:.4f}, perplexity {m['exact_ppl']:.3f}")
-    cols = (f"{'run':<26}{'NLL':>8}{'ppl':>9}{'dNLL +- SE':>22}{'KL mean':>10}{'top-1 %':>9}"
+    w = max([26, *(len(r["label"]) + 2 for r in report["rows"])])       # the run column
+    cols = (f"{'run':<{w}}{'NLL':>8}{'ppl':>9}{'dNLL +- SE':>22}{'KL mean':>10}{'top-1 %':>9}"
             f"{'err attn':>10}{'err mlp':>10}")
     lines = [head, "", cols, "-" * len(cols)]
     for r in report["rows"]:
         noise = "~" if r["within_noise"] else " "
         dnll = f"{r['dnll']:+.4f} +- {r['dnll_se']:.4f} {noise}"
-        lines.append(f"{r['label']:<26}{r['mean_nll']:>8.4f}{r['ppl']:>9.3f}{dnll:>22}"
+        lines.append(f"{r['label']:<{w}}{r['mean_nll']:>8.4f}{r['ppl']:>9.3f}{dnll:>22}"
                      f"{r['kl_mean']:>10.2e}{r['top1']:>9.2f}{r['site_err_attn_mean']:>10.2e}"
                      f"{r['site_err_mlp_mean']:>10.2e}")
     lines += ["",

@@ -22,6 +22,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from .model import SITES_PER_LAYER
+from .parallel import reduce_at
+
 __all__ = ["sharded_scores", "site_errors", "token_scores"]
 
 
@@ -78,16 +81,22 @@ def sharded_scores(logits, ids, logp_exact, mesh, with_kl):
                          check_vma=True)(logits, ids, logp_exact)
 
 
-@partial(jax.jit, static_argnames=("mesh", "all_reduce"))
-def site_errors(parts, mesh, all_reduce):
+@partial(jax.jit, static_argnames=("mesh", "all_reduce", "kind"))
+def site_errors(parts, mesh, all_reduce, kind=0):
     """Relative error `||AR(parts) - sum(parts)|| / ||sum(parts)||` per layer, for the partial
-    sums `[p, L, batch, seq, D]` that `forward_with_partials` recorded. Returns `[L]` (f32)."""
+    sums `[p, L, batch, seq, D]` that `forward_with_partials` recorded. Returns `[L]` (f32).
+
+    `kind`: which sites the parts come from, 0 ("attn") or 1 ("mlp"): layer `l`'s is site
+    `2 * l + kind`, which a per-site collective (`parallel.reduce_at`) is told."""
     axis = mesh.axis_names[0]
 
     def body(local):                                                     # [1, L, B, S, D]
-        def one(_, x):
+        def one(_, args):
+            x, layer = args
             exact = lax.psum(x, axis)
-            err = jnp.linalg.norm((all_reduce(x, axis) - exact).ravel())
+            got = reduce_at(all_reduce, x, SITES_PER_LAYER * layer + kind, axis_name=axis)
+            err = jnp.linalg.norm((got - exact).ravel())
             return None, err / jnp.linalg.norm(exact.ravel())
-        return lax.scan(one, None, local[0])[1]                          # [L]
+        layers = jnp.arange(local.shape[1], dtype=jnp.int32)
+        return lax.scan(one, None, (local[0], layers))[1]                # [L]
     return jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(), check_vma=True)(parts)

@@ -1,0 +1,107 @@
+"""Where a kernel runs, and what TPU interpret mode's race detector saw.
+
+On a TPU, Pallas compiles a kernel with Mosaic and runs it on the chip. Anywhere else, TPU
+interpret mode (`pltpu.InterpretParams`) runs the same kernel on CPU devices: every device is a
+thread, VMEM, HBM, DMAs and semaphores are simulated, and with `detect_races=True` each read and
+write carries a vector clock, so two accesses to one buffer that no semaphore orders are
+reported, whether or not they collided in this run.
+
+The detector keeps its result in jax's private module state (`races.races_found`, a flag) and
+reports each race as a "RACE DETECTED" text: jax 0.10 prints it, jax 0.12 logs it as a warning
+(with `on_race="warn"`, which `interpret_params` sets; its default, "raise", stops the kernel at
+the first race). `RaceLog` resets the state, captures the reports either way and counts them.
+Where the state lives moved between jax versions; `_race_state` looks where each supported
+version keeps it and says so clearly when it cannot find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import io
+import logging
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+
+__all__ = ["RaceLog", "interpret_params", "on_tpu", "race_detecting"]
+
+_LOGGER = "jax._src.pallas.mosaic.interpret"  # jax >= 0.11 logs races here (warn mode)
+
+_RACE_MODULES = (  # where jax keeps the interpreter's shared state, newest first
+    "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+    "jax._src.pallas.mosaic.interpret",
+)
+
+
+def on_tpu() -> bool:
+    """True when the default backend is a TPU: kernels then run natively."""
+    return jax.default_backend() == "tpu"
+
+
+def interpret_params(interpret=None):
+    """`interpret=` for `pallas_call`: None picks native on a TPU, else interpret mode with the
+    race detector on; True means interpret mode with the detector; anything else is passed on."""
+    if interpret is None and on_tpu():
+        return False
+    if interpret is None or interpret is True:
+        return race_detecting()
+    return interpret
+
+
+def race_detecting(**options) -> pltpu.InterpretParams:
+    """`pltpu.InterpretParams(detect_races=True, **options)`, reporting races without stopping
+    the kernel (jax >= 0.11 raises at the first race unless `on_race="warn"`)."""
+    fields = {f.name for f in dataclasses.fields(pltpu.InterpretParams)}
+    if "on_race" in fields:
+        options.setdefault("on_race", "warn")
+    return pltpu.InterpretParams(detect_races=True, **options)
+
+
+def _race_state():
+    for name in _RACE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "races"):
+            return module
+    raise RuntimeError(f"cannot find TPU interpret mode's race detector state in jax "
+                       f"{jax.__version__} (looked in {', '.join(_RACE_MODULES)})")
+
+
+class RaceLog:
+    """`with RaceLog() as log: ...run kernels...`; then `log.count`, `log.found`, `log.reports`.
+
+    Resets interpret mode's shared state on entry (also after a failed kernel, which leaves it
+    set) and captures the detector's reports from stdout.
+    """
+
+    def __init__(self):
+        self.reports: list[str] = []
+        self.found = False
+        self._out = io.StringIO()
+        self._redirect = contextlib.redirect_stdout(self._out)
+        self._handler = logging.StreamHandler(self._out)
+        self._logger = logging.getLogger(_LOGGER)
+
+    def __enter__(self) -> RaceLog:
+        pltpu.reset_tpu_interpret_mode_state()
+        self._redirect.__enter__()
+        self._logger.addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._logger.removeHandler(self._handler)
+        self._redirect.__exit__(*exc)
+        text = self._out.getvalue()
+        self.reports = ["RACE DETECTED" + r for r in text.split("RACE DETECTED")[1:]]
+        races = _race_state().races
+        self.found = bool(self.reports) or bool(races is not None and races.races_found)
+        pltpu.reset_tpu_interpret_mode_state()
+
+    @property
+    def count(self) -> int:
+        """Races reported (0 when the kernel is race-free)."""
+        return len(self.reports) if self.reports else int(self.found)

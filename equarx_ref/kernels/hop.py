@@ -1,0 +1,162 @@
+"""The fused hop: decode the bytes that arrived, add the local chunk in f32, encode onwards.
+
+Every reduce step of a quantized ring does, per received message,
+
+    out = encode(decode(wire) + local)          (wire, out: uint8 bytes; sums in f32)
+
+XLA runs this as a few fusions with intermediates in HBM; a kernel can do it in one pass: read
+the received bytes and the local values once, keep the f32 sum in vector registers/VMEM, write
+the next message once. Per value that is (bits_per_element / 8) bytes in, the local value's
+bytes in, and (bits_per_element / 8) bytes out: for int8 and bf16 inputs 1.06 + 2 + 1.06 =
+4.1 bytes, so at HBM bandwidth B the hop can run at most at B / 4.1 values per second. That
+bound is what `kernels.measure` compares the kernel's GB/s against on a TPU.
+
+The kernel body calls the package's own `quantize.encode` and `quantize.decode` on the values
+it loaded, so it is bitwise the XLA path for every format by construction (tested for int8,
+int4, fp8 and MX formats in interpret mode). A caveat for native TPUs: Mosaic lowers only part
+of that code. Lowered for a TPU from CPU (jax 0.10.2), the bf16- and f32-scaled formats stop at
+the byte packing: `bitcast_convert_type` between types of different widths (a bf16 scale <-> two
+uint8, the `to_bytes` layout) is "not supported"; past it, `isfinite` on a bf16 scale has no TPU
+op either. A native hop for them needs the scale bytes packed with 32-bit integer shifts and the
+scale maths in f32. The MX formats, whose E8M0 scale is already one byte, lower as they are.
+`lowering_error(fmt)` lowers the hop for a TPU from any machine and returns Mosaic's complaint
+(None if it lowers), so the gap is a printed fact, not a guess; on a TPU `equarx-ref kernels`
+reports the compile error instead of a figure for a format whose hop does not build.
+
+`wire_codec(fmt, dtype)` is the message codec the ring kernel uses: a Format's bytes, or with
+`fmt=None` the raw bits of the input dtype (a bf16 partial sum rounded to bf16 at each hop),
+exactly as the XLA path sends them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..formats import Format
+from ..quantize import decode, encode
+from . import backend
+
+__all__ = ["fused_hop", "hop_reference", "lowering_error", "wire_codec"]
+
+
+class _WireCodec:
+    """Values <-> the bytes one message carries (as collectives' codec does on the XLA path)."""
+
+    def __init__(self, fmt: Format | None, dtype):
+        if fmt is not None and not isinstance(fmt, Format):
+            raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
+        self.fmt = fmt
+        self.dtype = jnp.dtype(dtype)
+        self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32
+        self.align = fmt.block_size if fmt is not None else 1
+
+    def encode(self, v: jax.Array) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
+        if self.fmt is not None:
+            return encode(v, self.fmt)
+        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
+        return raw.reshape(*v.shape[:-1], -1)
+
+    def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
+        if self.fmt is not None:
+            return decode(buf, self.fmt, m).astype(self.acc)
+        if self.dtype.itemsize > 1:
+            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
+        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
+
+    def nbytes(self, m: int) -> int:
+        return self.fmt.nbytes(m) if self.fmt is not None else m * self.dtype.itemsize
+
+
+def wire_codec(fmt: Format | None, dtype) -> _WireCodec:
+    """The codec of one message: `.encode(values)`, `.decode(bytes, m)`, `.nbytes(m)`, `.acc`."""
+    return _WireCodec(fmt, dtype)
+
+
+def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
+    """The XLA hop the kernel must match bitwise: `encode(decode(wire) + local)`."""
+    return encode(decode(wire, fmt, local.shape[-1]) + local.astype(jnp.float32), fmt)
+
+
+def _hop_kernel(fmt: Format, m: int, wire_ref, local_ref, out_ref):
+    # one pass: bytes and local values in, the f32 sum stays on chip, the next message out
+    total = decode(wire_ref[...], fmt, m) + local_ref[...].astype(jnp.float32)
+    out_ref[...] = encode(total, fmt)
+
+
+def _check_hop(wire, local, fmt) -> tuple[int, int]:
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
+    if local.ndim != 2 or wire.ndim != 2 or wire.shape[0] != local.shape[0]:
+        raise ValueError(f"fused_hop takes wire [rows, bytes] and local [rows, m], got "
+                         f"{list(wire.shape)} and {list(local.shape)}")
+    rows, m = local.shape
+    if m % fmt.block_size:
+        raise ValueError(f"local rows hold {m} values, not a multiple of block_size "
+                         f"{fmt.block_size}")
+    if wire.dtype != jnp.uint8 or wire.shape[1] != fmt.nbytes(m):
+        raise ValueError(f"wire must be uint8 [rows, {fmt.nbytes(m)}] ({m} values of {fmt}), "
+                         f"got {wire.dtype}{list(wire.shape)}")
+    return rows, m
+
+
+def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int | None = None,
+              interpret=None) -> jax.Array:
+    """One ring hop as a Pallas kernel: `encode(decode(wire) + local)` in one pass over memory.
+
+    Args:
+        wire: uint8 `[rows, fmt.nbytes(m)]`, one received message per row.
+        local: float `[rows, m]`, this device's values of the same chunks (m whole blocks).
+        fmt: the wire format.
+        block_rows: rows per grid step (a VMEM tile); None: 8 if it divides rows, else all.
+        interpret: as `ring_all_reduce`: None is native on a TPU, interpret mode elsewhere.
+
+    Returns:
+        uint8 `[rows, fmt.nbytes(m)]`: the next messages, bitwise `hop_reference`'s.
+    """
+    rows, m = _check_hop(wire, local, fmt)
+    if block_rows is None:
+        block_rows = 8 if rows % 8 == 0 else rows
+    if rows % block_rows:
+        raise ValueError(f"block_rows={block_rows} does not divide rows={rows}")
+    nbytes = wire.shape[1]
+    return pl.pallas_call(
+        functools.partial(_hop_kernel, fmt, m),
+        out_shape=jax.ShapeDtypeStruct(wire.shape, jnp.uint8),
+        grid=(rows // block_rows,),
+        in_specs=[pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),
+                  pl.BlockSpec((block_rows, m), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),
+        interpret=backend.interpret_params(interpret),
+    )(wire, local)
+
+
+def lowering_error(fmt: Format, *, rows: int = 8, m: int = 1024,
+                   device_kind: str = "TPU v5 lite") -> str | None:
+    """Lower `fused_hop` for a TPU (Mosaic) without one; the first line of the error, or None.
+
+    Lowering is jax's Python-side translation to Mosaic, where unsupported operations are
+    refused; Mosaic's own compiler (on the chip's host) may still refuse more. Uses jax's
+    abstract-device mesh to name the chip; "cannot check: ..." if this jax lacks it.
+    """
+    try:
+        from jax._src import mesh as mesh_lib
+
+        chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+        mesh = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=chip)
+    except Exception as e:
+        return f"cannot check: {type(e).__name__}: {e}"
+    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8)
+    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16)
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            jax.jit(lambda w, v: fused_hop(w, v, fmt, interpret=False)).trace(
+                wire, local).lower(lowering_platforms=("tpu",))
+    except Exception as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        return f"{type(e).__name__}: {lines[0] if lines else ''}"
+    return None

@@ -1,0 +1,192 @@
+"""The Pallas kernels in TPU interpret mode: bitwise the XLA path, race-free, and a broken
+variant that the race detector catches (so a zero race count means something)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import equarx_ref as eq
+from conftest import DEVICES
+from equarx_ref import cli, kernels
+from equarx_ref.quantize import decode, encode
+
+encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
+decode = jax.jit(decode, static_argnums=(1, 2))
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _explain(got, want) -> str:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    diff = np.abs(got - want)
+    bad = ~((got == want) | (np.isnan(got) & np.isnan(want)))
+    return (f"{bad.sum()} of {bad.size} values differ; max |diff| {np.nanmax(diff):.3g}, "
+            f"first at {np.argwhere(bad)[:3].tolist()}")
+
+
+# ---- the fused hop ----------------------------------------------------------------------------
+
+HOP_FORMATS = [eq.Format.int8(), eq.Format.int4(16, "float32"), eq.Format.fp8_e4m3(),
+               eq.Format.mxfp4()]
+
+
+@pytest.mark.parametrize("fmt", HOP_FORMATS, ids=str)
+def test_fused_hop_is_bitwise_the_xla_hop(fmt):
+    rows, m = 16, 4 * fmt.block_size
+    k1, k2 = jax.random.split(jax.random.key(3))
+    incoming = jax.random.normal(k1, (rows, m)) * jnp.logspace(-3, 3, rows)[:, None]
+    local = (jax.random.normal(k2, (rows, m)) * 2).astype(jnp.bfloat16)
+    incoming = incoming.at[1].set(0.0).at[2, 5].set(jnp.nan)  # a zero row; a NaN block
+    local = local.at[1].set(0.0).at[3, -1].set(jnp.inf)  # an Inf in the local chunk
+    wire = encode(incoming, fmt)
+    got = kernels.fused_hop(wire, local, fmt)
+    want = jax.jit(kernels.hop_reference, static_argnums=2)(wire, local, fmt)
+    assert got.dtype == jnp.uint8 and got.shape == wire.shape
+    assert np.array_equal(got, want), _explain(got, want)
+    assert np.array_equal(encode(decode(wire, fmt, m) + local.astype(jnp.float32), fmt), want)
+    back = np.asarray(decode(got, fmt, m))
+    assert np.isnan(back[2, :fmt.block_size]).all() and np.isfinite(back[2, fmt.block_size:]).all()
+    assert (back[1] == 0).all()
+
+
+def test_fused_hop_refuses_bad_shapes():
+    fmt = eq.Format.int8()
+    wire, local = encode(jnp.ones((4, 64)), fmt), jnp.ones((4, 64))
+    with pytest.raises(ValueError, match="wire must be uint8"):
+        kernels.fused_hop(wire[:, :10], local, fmt)
+    with pytest.raises(ValueError, match="not a multiple of block_size"):
+        kernels.fused_hop(wire, jnp.ones((4, 60)), fmt)
+    with pytest.raises(ValueError, match="block_rows=3"):
+        kernels.fused_hop(wire, local, fmt, block_rows=3)
+    with pytest.raises(TypeError, match="Format"):
+        kernels.fused_hop(wire, local, "int8")
+
+
+# ---- the ring kernel ------------------------------------------------------------------------
+
+
+def _both(x: np.ndarray, *, fmt, algorithm, num_chunks, dtype=jnp.float32):
+    """impl="pallas" (races counted) and impl="xla" on the first p devices, out_specs=P()."""
+    p = x.shape[0]
+    mesh = jax.make_mesh((p,), ("tp",), devices=DEVICES[:p])
+    xs = jax.device_put(jnp.asarray(x, dtype), NamedSharding(mesh, P("tp")))
+
+    def run(impl):
+        body = lambda v: eq.all_reduce(v[0], "tp", fmt=fmt, algorithm=algorithm,  # noqa: E731
+                                       num_chunks=num_chunks, impl=impl)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P(),
+                                     check_vma=True))(xs)
+
+    with kernels.RaceLog() as log:
+        got = jax.block_until_ready(run("pallas"))
+    return got, run("xla"), log
+
+
+# Interpret mode compiles every step of the kernel (2p - 1 hops x pieces x lanes) into one CPU
+# program: the cases are chosen to cover p = 2, 3, 4, 8, both lanes, pipelining (pieces > 1,
+# receive slots reused) and every wire codec at a few seconds each.
+CASES = [  # p, algorithm, format, values per device, pipeline pieces, input dtype
+    (2, "ring", eq.Format.int8(), 37, 1, jnp.float32),
+    (4, "bidir_ring", eq.Format.int4(), 301, 1, jnp.bfloat16),
+    (8, "ring", eq.Format.int8(), 515, 1, jnp.float32),
+    (3, "ring", eq.Format.fp8_e4m3(), 333, 2, jnp.float32),
+    (2, "bidir_ring", None, 150, 2, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize(("p", "algorithm", "fmt", "n", "k", "dtype"), CASES,
+                         ids=lambda v: str(v) if not hasattr(v, "dtype") else None)
+def test_pallas_ring_is_bitwise_xla(p, algorithm, fmt, n, k, dtype):
+    x = np.array(jax.random.normal(jax.random.key(p * n), (p, n)))
+    x[:, 32:64] = 0.0  # an all-zero block on every device
+    if n > 300:
+        x[1, 100] = np.nan  # a NaN block: that block's sum is NaN, the others are not
+    got, want, log = _both(x, fmt=fmt, algorithm=algorithm, num_chunks=k, dtype=dtype)
+    assert log.count == 0 and not log.found, "\n".join(log.reports[:2])
+    assert got.shape == (n,) and got.dtype == dtype
+    assert np.array_equal(_bits(got), _bits(want)), _explain(got, want)
+    exact = np.asarray(jnp.asarray(x, dtype), np.float64).sum(0)
+    finite = np.isfinite(exact)
+    if n > 300:  # NaN decides its whole block (block 3: values 96..127), nothing else
+        block = np.arange(n) // (fmt.block_size if fmt is not None else n)
+        assert np.isnan(np.asarray(got, np.float64)[block == 3]).all()
+        finite &= block != 3
+    tol = p * (0.05 if fmt is None or fmt.name == "int8" else 0.5)
+    assert np.abs(np.asarray(got, np.float64) - exact)[finite].max() < tol
+
+
+def test_broken_kernel_is_caught_by_the_race_detector():
+    """Without the capacity wait, a sender may overwrite a receive slot its neighbour has not
+    read yet. The detector must say so (else a race count of 0 above would prove nothing)."""
+    result = kernels.check(2, fmt=eq.Format.int8(), n=128, num_chunks=2, sabotage="capacity")
+    assert result.races > 0 and result.sabotage == "capacity", result
+
+
+def test_plan_sends_the_xla_bytes():
+    """The kernel's messages are the XLA path's messages: the same count of the same sizes."""
+    for p, algorithm, n, k in [(2, "ring", 37, 1), (4, "bidir_ring", 301, 2), (8, "ring", 4096, 4)]:
+        for fmt in (eq.Format.int8(), eq.Format.int4(), None):
+            plan = kernels.plan_ring(n, p, fmt=fmt, algorithm=algorithm, num_chunks=k,
+                                     dtype="bfloat16")
+            assert plan.bytes_sent == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm,
+                                                    dtype="bfloat16", num_chunks=k)
+            steps = plan.program(device=1)
+            assert len(steps) == (2 * p - 1) * plan.k and plan.slots == plan.k + 1
+            assert sum(s["send_slot"] is not None for s in steps) == 2 * (p - 1) * plan.k
+            own = [s for s in steps if s["phase"] == "own"]
+            assert {s["chunk"] for s in own} == {1}  # device 1 owns chunk 1 (lane 0)
+
+
+def test_unsupported_combinations_are_refused():
+    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=DEVICES[:4])
+    x = jax.device_put(jnp.ones((4, 64)), NamedSharding(mesh, P(("a", "b"))))
+
+    def call(**kw):
+        return jax.shard_map(lambda v: eq.all_reduce(v[0], kw.pop("axis", "a"), **kw),
+                             mesh=mesh, in_specs=P(("a", "b")), out_specs=P(),
+                             check_vma=False)(x)
+
+    with pytest.raises(ValueError, match="unknown impl 'mosaic'"):
+        call(impl="mosaic")
+    with pytest.raises(ValueError, match=r"impl='pallas' runs 'ring' and 'bidir_ring'.*two_shot"):
+        call(impl="pallas", algorithm="two_shot")
+    with pytest.raises(ValueError, match=r"impl='pallas'.*not a 2D torus"):
+        call(impl="pallas", axis=("a", "b"))
+    with pytest.raises(ValueError, match="psum"):
+        call(impl="pallas", algorithm="psum", fmt=None)
+    with pytest.raises(ValueError, match="unknown impl"):
+        eq.AllReduce(impl="triton")
+    with pytest.raises(ValueError, match="impl='pallas'"):
+        eq.AllReduce(algorithm="one_shot", impl="pallas")
+    with pytest.raises(ValueError, match="sabotage"):
+        kernels.ring_all_reduce(jnp.ones(4), "a", sabotage="everything")
+    ar = eq.AllReduce(algorithm="bidir_ring", impl="pallas")
+    assert str(ar) == "bidir_ring int8 (pallas)" and hash(ar) == hash(eq.AllReduce(
+        algorithm="bidir_ring", impl="pallas"))
+
+
+def test_measure_hop_refuses_without_a_tpu():
+    with pytest.raises(RuntimeError, match="no TPU figure"):
+        kernels.measure_hop()
+
+
+def test_cli_kernels(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(kernels.checks, "CHECKS", ((2, "ring", "int8", 1, None),
+                                                   (2, "ring", "int8", 2, "capacity")))
+    out = tmp_path / "kernels.json"
+    assert cli.main(["kernels", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "no TPU" in text and "interpret mode" in text
+    report = json.loads(out.read_text())
+    assert report["tpu"] is False and report["timings"] == [] and not report["timing_errors"]
+    assert report["lowering"]["mxfp8"] == "lowers" and "bitwidths" in report["lowering"]["int8"]
+    good, broken = report["checks"]
+    assert good["bitwise"] and good["races"] == 0 and broken["races"] > 0
