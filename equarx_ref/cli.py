@@ -6,6 +6,7 @@
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
     equarx-ref kernels  the Pallas TPU kernels: bitwise and race checks; GB/s on a real TPU
     equarx-ref outliers static int4 + bf16 outlier features (calibrated) on Gemma 3 270M
+    equarx-ref sweep    the map: bits on the wire against error, every algorithm, format, remedy
 
 (This module only parses arguments, calls the package and prints; bad arguments end with one
 line naming the problem and exit status 2, before any work starts.)
@@ -406,6 +407,9 @@ def _cmd_kernels(args) -> int:
         print(f"fused hop {name} not timed on the chip: {error}", file=out)
     if args.json:
         _write_json(args.json, report)
+    return 0
+
+
 def _add_outliers(sub) -> None:
     p = sub.add_parser("outliers", help="static int4 + bf16 outliers (Dong et al.) on Gemma",
                        description="Calibrate static int4 AllReduce on Gemma 3 270M (per-site, "
@@ -458,6 +462,86 @@ def _cmd_outliers(args) -> int:
     return 0
 
 
+def _add_sweep(sub) -> None:
+    from .cost import CHIPS
+    from .sweep import DATA, DEFAULT_ALGORITHMS, DEFAULT_FORMATS, DEFAULT_P, REMEDIES
+
+    def fmt_name(text):
+        from .formats import Format
+
+        try:
+            return str(Format.parse(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p = sub.add_parser("sweep", help="the map: bits on the wire against error, and remedies",
+                       description="Every device count x algorithm x wire format x remedy "
+                       "(stochastic rounding, Hadamard rotation, hop-aware bits) on the same "
+                       "synthetic inputs (Gaussian, and Gaussian with outlier features): bits "
+                       "per element on the wire, bytes per value each device sends, relative "
+                       "error against the exact sum, the Pareto front, and the modelled "
+                       "speedup on one TPU chip type (cost model, not a measurement).")
+    p.add_argument("--p", type=_at_least(2), nargs="+", default=list(DEFAULT_P),
+                   help=f"device counts (default {' '.join(map(str, DEFAULT_P))})")
+    p.add_argument("--algorithms", nargs="+", choices=list(DEFAULT_ALGORITHMS),
+                   default=list(DEFAULT_ALGORITHMS))
+    p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT",
+                   default=list(DEFAULT_FORMATS),
+                   help=f"wire formats (default: {' '.join(DEFAULT_FORMATS)})")
+    p.add_argument("--remedies", nargs="+", choices=list(REMEDIES), default=list(REMEDIES))
+    p.add_argument("--data", nargs="+", choices=list(DATA), default=list(DATA))
+    p.add_argument("--size", type=_at_least(1), default=1 << 14,
+                   help="values per device (default 16384)")
+    p.add_argument("--chip", choices=sorted(CHIPS), default="v5e",
+                   help="chip of the modelled speedup (default v5e)")
+    p.add_argument("--json", metavar="PATH", type=_writable, default=None,
+                   help="write every point as JSON ('-' for stdout, then the tables go to "
+                   "stderr)")
+    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+                   help="save the map (png, svg, pdf)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args) -> int:
+    import shlex
+
+    from . import devices, sweep
+
+    devs = devices.setup_devices(max(args.p))
+    out = sys.stderr if args.json == "-" else sys.stdout
+    command = ["equarx-ref", "sweep", "--p", *map(str, args.p), "--algorithms",
+               *args.algorithms, "--formats", *args.formats, "--remedies", *args.remedies,
+               "--data", *args.data, "--size", str(args.size), "--chip", args.chip,
+               *(["--json", args.json] if args.json else [])]
+    result = sweep.sweep(args.p, args.algorithms, args.formats, args.remedies, args.data,
+                         size=args.size, chip=args.chip, progress=not args.no_progress)
+    print(f"{devices.describe_devices(devs)}; {args.size} values per device; "
+          f"{len(result['points'])} points in {result['seconds']:.0f} s", file=out)
+    for kind in args.data:
+        print(f"\n{kind}:", file=out)
+        print(_table(["p", "algorithm", "format", "remedy", "bits/el", "bytes/value",
+                      "rel err", "model", f"{args.chip} speedup", "front"],
+                     sweep.table(result, kind)), file=out)
+    print(f"\nbits/el: bytes sent over the same algorithm's unquantized bf16 bytes, x 16. "
+          f"bytes/value: bytes one device sends / values in the message. rel err: against a "
+          f"float64 sum. model: predict.predicted_relative_error (Gaussian; none for "
+          f"stochastic rounding). speedup: modelled (cost.predicted_time, "
+          f"{result['message_bytes'] >> 20} MiB bf16 message) against the unquantized "
+          f"bidirectional ring; hop-aware plans are priced at their base format's bytes, "
+          f"which they do not exceed. front: on the Pareto front of bytes/value and error.",
+          file=out)
+    if args.json:
+        _write_json(args.json, {"command": shlex.join(command),
+                                "devices": devices.describe_devices(devs), **result})
+    if args.plot:
+        from .viz import plot_sweep
+
+        plot_sweep(result, args.plot)
+        print(f"figure: {args.plot}", file=out)
+    return 0
+
+
 def _size(nbytes: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
@@ -481,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_model(sub)
     _add_kernels(sub)
     _add_outliers(sub)
+    _add_sweep(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0

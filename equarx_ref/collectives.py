@@ -33,9 +33,26 @@ predicted, from the same schedules, in `predict.py`.
 semaphores, an in-kernel pipeline: `kernels/ring.py`), natively on a TPU and in TPU interpret
 mode elsewhere; its result is bitwise `impl="xla"`'s, its messages the same bytes.
 
+Remedies for the error of re-quantized partial sums (compared in `equarx-ref sweep`):
+
+- `key=`: stochastic rounding on every quantization. Each hop's key is `fold_in` of the hop
+  (the schedule's step time), the pipeline piece and the device (`axis_index`), so every
+  rounding is independent and unbiased: the expected result is the exact sum. The error is
+  within one step per quantization (round-to-nearest: half a step), about sqrt(2) times the
+  RMS error of rounding to nearest; what it buys is the absence of bias. The gather phase still
+  decodes the same bytes everywhere, so the result stays bitwise identical on every device.
+- `rotate=True`: a randomized Hadamard rotation of every block before the first hop and its
+  inverse after the last (`rotation.py`): the same bytes, outliers spread over their block.
+- `hop_bits="adaptive"`: a different integer width (and block) per hop, more bits where the
+  partial sums are larger, no more bits per element than `fmt` (`hops.py`).
+
 `AllReduce(fmt=..., algorithm=..., num_chunks=...)` packages one configuration as a frozen,
 hashable callable `(x, axis_name) -> sum`: pass it where a function expects a collective (the
-Gemma model's `all_reduce=`), and equal configurations share one compiled program.
+Gemma model's `all_reduce=`), and equal configurations share one compiled program. A jax key is
+not hashable, so the object holds an integer `stochastic_seed` and makes the key from it at
+each call (the same rounding every call, hence the same result: a deterministic collective);
+`AllReduce(...)(x, axis, key=k)` takes a fresh key per call instead, e.g.
+`jax.random.fold_in(k, layer)`.
 """
 
 from __future__ import annotations
@@ -51,11 +68,14 @@ from jax import lax
 from ._checks import count
 from .cost import default_min_bytes
 from .formats import Format
+from .hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
 from .predict import ALGORITHMS, check_algorithm, encoded_bytes
 from .quantize import decode, encode
+from .rotation import inverse_rotate
+from .rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
 
-__all__ = ["ALGORITHMS", "IMPLS", "AllReduce", "all_reduce"]
+__all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce"]
 
 #: How `all_reduce` executes a schedule: shard_map collectives, or one Pallas TPU kernel.
 IMPLS = ("xla", "pallas")
@@ -73,9 +93,9 @@ class _Codec:
         self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32 (or f64)
         self.align = fmt.block_size if fmt is not None else 1
 
-    def encode(self, v: jax.Array) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
+    def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
-            return encode(v, self.fmt)
+            return encode(v, self.fmt, key=key)
         raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
         return raw.reshape(*v.shape[:-1], -1)
 
@@ -88,6 +108,32 @@ class _Codec:
 
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)
+
+
+class _Wire:
+    """The codec and the rounding key of each step: one format everywhere, or a `HopPlan`;
+    keys folded from the call's key by piece, step time and device (None: round to nearest)."""
+
+    GATHER = 1 << 20  # the gather phase's "time" in the key
+
+    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me):
+        self.plan, self.key, self.me = plan, key, me
+        self.default = _Codec(fmt, dtype)
+        self.align = plan.align if plan is not None else self.default.align
+        self.codecs = {} if plan is None else {
+            t: _Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
+        self.piece = 0
+
+    def codec(self, time: int | None) -> _Codec:
+        """The codec of reduce step `time`, or of the gather phase (None)."""
+        return self.codecs.get(time, self.default)
+
+    def rounding(self, time: int | None):
+        if self.key is None:
+            return None
+        key = jax.random.fold_in(jax.random.fold_in(self.key, self.piece),
+                                 self.GATHER if time is None else time)
+        return jax.random.fold_in(key, self.me)
 
 
 # ---- executing a schedule ------------------------------------------------------------------
@@ -147,43 +193,45 @@ class _Held:
                 self.where[d][c] = (len(self.sources) - 1, j)
 
 
-def _reduce_phase(sched: Schedule, held: _Held, codec: _Codec, axes) -> None:
+def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
     """Run the reduce steps: afterwards each owner holds its chunks' sums."""
     m = held.sources[0].shape[1]
     everything = lambda d: range(sched.num_chunks)  # noqa: E731
     group = axes if len(axes) > 1 else axes[0]
     for step in (s for s in sched.steps if s.phase == "reduce"):
+        codec, key = wire.codec(step.time), wire.rounding(step.time)
         if step.kind == "permute":  # one fused pass: decode what arrives, add, encode onwards
             by_src = {t.src: t.chunks for t in step.transfers}
             by_dst = {t.dst: t.chunks for t in step.transfers}
             count = len(step.transfers[0].chunks)
-            wire = codec.encode(held.rows(by_src.__getitem__).reshape(-1))
-            wire = lax.ppermute(wire, group, [(t.src, t.dst) for t in step.transfers])
-            got = codec.decode(wire, count * m).reshape(count, m)
+            buf = codec.encode(held.rows(by_src.__getitem__).reshape(-1), key)
+            buf = lax.ppermute(buf, group, [(t.src, t.dst) for t in step.transfers])
+            got = codec.decode(buf, count * m).reshape(count, m)
             held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
-            got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything)), group, 0, 0),
-                               m)
+            got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything), key), group,
+                                              0, 0), m)
             held.store(_rank_order_sum(got)[None], lambda d: (d,))
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
-            got = lax.all_gather(codec.encode(held.rows(everything)), axes[step.axis], axis=0,
-                                 to="invarying")
+            got = lax.all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
+                                 axis=0, to="invarying")
             held.store(_rank_order_sum(codec.decode(got, m)), everything)  # same everywhere
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
 
 
-def _gather_phase(sched: Schedule, held: _Held, codec: _Codec, axes) -> jax.Array:
+def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
     """Owners encode their chunks once; all-gathers (in schedule order) bring them to all."""
     p, m = sched.p, held.sources[0].shape[1]
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
     k = len(owned[0])
-    wire = codec.encode(held.rows(owned.__getitem__))  # [k, bytes]
+    codec = wire.codec(None)
+    buf = codec.encode(held.rows(owned.__getitem__), wire.rounding(None))  # [k, bytes]
     for step in (s for s in sched.steps if s.phase == "gather"):
-        wire = lax.all_gather(wire, axes[step.axis], axis=0, tiled=False, to="invarying")
-    # wire is now [..., k, bytes] with one leading axis per gather, outermost = last one,
+        buf = lax.all_gather(buf, axes[step.axis], axis=0, tiled=False, to="invarying")
+    # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
     # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
-    values = codec.decode(wire.reshape(p * k, -1), m)
+    values = codec.decode(buf.reshape(p * k, -1), m)
     if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
         return values.reshape(p, k, m).swapaxes(0, 1).reshape(p * k, m)
     order = [c for d in range(p) for c in owned[d]]
@@ -227,18 +275,22 @@ def _check_input(x) -> None:
                         "quantized sums of integers are not defined here (cast to float first)")
 
 
-def _check_impl(impl, algorithm: str, axes) -> None:
+def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "pallas" and (algorithm not in ("ring", "bidir_ring") or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
         raise ValueError(f"impl='pallas' runs 'ring' and 'bidir_ring' over one mesh axis, "
                          f"not {what}; use impl='xla'")
+    if impl == "pallas" and remedies:
+        raise ValueError("impl='pallas' runs round-to-nearest on one format per hop: key=, "
+                         "rotate=True and hop_bits='adaptive' need impl='xla'")
 
 
 def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
-               algorithm: str = "ring", num_chunks: int = 1,
-               min_bytes: int | None = None, impl: str = "xla") -> jax.Array:
+               algorithm: str = "ring", num_chunks: int = 1, min_bytes: int | None = None,
+               key: jax.Array | None = None, rotate: bool = False,
+               hop_bits: str = "uniform", impl: str = "xla") -> jax.Array:
     """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`.
 
     Args:
@@ -251,6 +303,13 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
             XLA's quantized AllReduce and vLLM's QuickReduce do below their thresholds. None
             (default): the time model's crossover on a TPU (`cost.default_min_bytes`), 0 on
             CPU devices, so on CPU every message is quantized. 0: never gate.
+        key: a PRNG key: stochastic rounding on every quantization, independent per hop,
+            pipeline piece and device (`fold_in`); unbiased. None: round to nearest, even.
+        rotate: rotate every block by a shared randomized Hadamard transform before the first
+            hop and back after the last (`rotation.py`); needs a power-of-two block size.
+        hop_bits: "uniform" (fmt on every hop) or "adaptive": per-hop integer widths and
+            blocks, more bits on the larger partial sums, no more bits per element than fmt
+            (`hops.py`; fmt an integer format, at most `hops.MAX_DEVICES` devices).
         impl: "xla" (shard_map collectives) or "pallas" (one Pallas TPU kernel with remote
             DMAs; "ring" and "bidir_ring" over one axis; interpret mode off a TPU). Both give
             bitwise the same result.
@@ -262,13 +321,15 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     Raises:
         TypeError: `x` is not floating point, or `fmt` is not a Format.
         ValueError: unknown algorithm, axis or impl, `fmt` given with "psum", bad
-            `num_chunks`, impl="pallas" with an algorithm or torus it does not run.
+            `num_chunks`, a remedy (`key`, `rotate`, `hop_bits`) without a quantized fmt,
+            impl="pallas" with an algorithm, torus or remedy it does not run.
     """
     _check_input(x)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
     check_algorithm(algorithm, fmt, shape, num_chunks)
-    _check_impl(impl, algorithm, axes)
+    _check_remedies(fmt, key is not None, rotate, hop_bits)
+    _check_impl(impl, algorithm, axes, remedies=key is not None or rotate or hop_bits != "uniform")
     if algorithm == "psum":
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
@@ -278,34 +339,59 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
                                  device_kind=jax.devices()[0].device_kind) \
             if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
         fmt = None if x.nbytes < gate else fmt
+    if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
+        key, rotate, hop_bits = None, False, "uniform"
+    plan = None if hop_bits == "uniform" else hop_plan(
+        shape if len(shape) > 1 else shape[0], fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)
     if impl == "pallas":
         from .kernels import ring_all_reduce  # Pallas loads only when asked for
 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
-    return _run(x, axes, shape, fmt, algorithm, num_chunks)
+    return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
-def _run(x, axes, shape, fmt, algorithm, num_chunks):
+def _check_remedies(fmt: Format | None, stochastic: bool, rotate: bool, hop_bits: str) -> None:
+    """Refuse a remedy that has nothing to act on, or a bad value, naming the argument."""
+    if not isinstance(rotate, bool):
+        raise TypeError(f"rotate must be True or False, got {rotate!r}")
+    if hop_bits not in HOP_BITS:
+        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
+    if fmt is None and (stochastic or rotate or hop_bits != "uniform"):
+        what = "key (stochastic rounding)" if stochastic else \
+            "rotate=True" if rotate else f"hop_bits={hop_bits!r}"
+        raise ValueError(f"{what} acts on quantization: it needs a quantized fmt, got fmt=None")
+    check_hop_bits(hop_bits, fmt)
+    if rotate and fmt.block_size & (fmt.block_size - 1):
+        raise ValueError(f"rotate=True rotates each block with a Hadamard transform: the block "
+                         f"size must be a power of two, got {fmt.block_size}")
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
+def _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan):
     """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
     `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
     74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
     n = x.size
     sched = make_schedule(algorithm, shape)
-    codec = _Codec(fmt, x.dtype)
-    length, pieces = layout(n, sched.num_chunks, codec.align, num_chunks)
+    me = lax.axis_index(axes if len(axes) > 1 else axes[0])
+    wire = _Wire(fmt, x.dtype, plan, key, me)
+    length, pieces = layout(n, sched.num_chunks, wire.align, num_chunks)
     flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
     if sched.num_chunks * length > n:
         flat = jnp.pad(flat, (0, sched.num_chunks * length - n))
+    if rotate:  # once, at the input: the schedule then sums rotated blocks
+        flat = rotate_blocks(flat, fmt.block_size)
     chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
-    me = lax.axis_index(axes if len(axes) > 1 else axes[0])
     gathers = any(step.phase == "gather" for step in sched.steps)
     parts = []
-    for start, size in pieces:  # independent pieces: the compiler may overlap their hops
-        held = _Held(sched, chunks[:, start:start + size], codec.acc, me)
-        _reduce_phase(sched, held, codec, axes)
-        parts.append(_gather_phase(sched, held, codec, axes) if gathers else held.sources[-1])
+    for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops
+        wire.piece = j
+        held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me)
+        _reduce_phase(sched, held, wire, axes)
+        parts.append(_gather_phase(sched, held, wire, axes) if gathers else held.sources[-1])
     out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+    if rotate:  # once, at the end, on the same decoded values on every device
+        out = inverse_rotate(out.reshape(-1), fmt.block_size)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
 
 
@@ -315,27 +401,48 @@ class AllReduce:
 
     Frozen and hashable, so it can be a static argument of `jax.jit` (the Gemma model's
     `all_reduce=`): equal configurations compile once. Checked when built, like `all_reduce`.
+
+    The remedies: `stochastic_seed` (an int: stochastic rounding with
+    `jax.random.key(stochastic_seed)`, the same key every call; or pass `key=` when calling,
+    which takes precedence), `rotate` and `hop_bits`, as in `all_reduce`.
     """
 
     fmt: Format | None = Format.int8()  # noqa: RUF009 (a frozen, hashable default)
     algorithm: str = "ring"
     num_chunks: int = 1
     min_bytes: int | None = None
+    stochastic_seed: int | None = None
+    rotate: bool = False
+    hop_bits: str = "uniform"
     impl: str = "xla"
 
     def __post_init__(self):
         check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
         if self.min_bytes is not None:
             count(self.min_bytes, "min_bytes", minimum=0)
-        _check_impl(self.impl, self.algorithm, ("",))
+        if self.stochastic_seed is not None:
+            count(self.stochastic_seed, "stochastic_seed", minimum=0)
+        _check_remedies(self.fmt, self.stochastic_seed is not None, self.rotate, self.hop_bits)
+        _check_impl(self.impl, self.algorithm, ("",), remedies=bool(self.remedies))
 
-    def __call__(self, x: jax.Array, axis_name) -> jax.Array:
+    def __call__(self, x: jax.Array, axis_name, *, key: jax.Array | None = None) -> jax.Array:
+        if key is None and self.stochastic_seed is not None:
+            key = jax.random.key(self.stochastic_seed)
         return all_reduce(x, axis_name, fmt=self.fmt, algorithm=self.algorithm,
-                          num_chunks=self.num_chunks, min_bytes=self.min_bytes, impl=self.impl)
+                          num_chunks=self.num_chunks, min_bytes=self.min_bytes, key=key,
+                          rotate=self.rotate, hop_bits=self.hop_bits, impl=self.impl)
+
+    @property
+    def remedies(self) -> str:
+        """The remedies on, as `str` lists them ("" for none): "sr", "rotate", "adaptive"."""
+        return " ".join(name for name, on in (("sr", self.stochastic_seed is not None),
+                                              ("rotate", self.rotate),
+                                              ("adaptive", self.hop_bits == "adaptive")) if on)
 
     def __str__(self) -> str:
         from .formats import format_label
 
         pipe = f" x{self.num_chunks}" if self.num_chunks > 1 else ""
+        extra = f" +{self.remedies.replace(' ', ' +')}" if self.remedies else ""
         kernel = " (pallas)" if self.impl == "pallas" else ""
-        return f"{self.algorithm} {format_label(self.fmt)}{pipe}{kernel}"
+        return f"{self.algorithm} {format_label(self.fmt)}{pipe}{extra}{kernel}"

@@ -74,6 +74,11 @@ class Chip:
             pays for every byte (the multi-host benchmark's emulated hosts).
         torus: the largest slice's shape.
         source: where the figures come from.
+        codec_bandwidth: bytes/s of a pass that quantizes or dequantizes, counted in the same
+            bytes as a memory pass. None (the TPU presets): as fast as a memory pass, since a
+            fused kernel that reads and writes each byte once is memory bound on a TPU (an
+            assumption: EQuARX's kernels are not public). On a CPU the exact rounding makes
+            the pass compute bound, so the multi-host benchmark measures it.
         quantize_overhead: fixed seconds a quantized hop costs beyond its memory pass (kernel
             launch, the latency of finding each block's scale). No public figure exists for
             TPUs, so their presets say 0 and quantizing then never loses in the model; set it
@@ -89,11 +94,15 @@ class Chip:
     torus: tuple[int, ...] = ()
     source: str = ""
     quantize_overhead: float = 0.0
+    codec_bandwidth: float | None = None
 
     def __post_init__(self):
         for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"Chip.{field} must be positive, got {getattr(self, field)!r}")
+        if self.codec_bandwidth is not None and not self.codec_bandwidth > 0:
+            raise ValueError(f"Chip.codec_bandwidth must be positive or None, "
+                             f"got {self.codec_bandwidth!r}")
         for field in ("hop_latency", "quantize_overhead"):
             if not getattr(self, field) >= 0:
                 raise ValueError(f"Chip.{field} must be >= 0, got {getattr(self, field)!r}")
@@ -208,12 +217,13 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
 
 def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
     fixed = ph.quantizes * chip.quantize_overhead
+    memory = chip.codec_bandwidth if ph.quantizes and chip.codec_bandwidth else chip.hbm_bandwidth
     if ph.hops == 0:
-        return ph.hbm_bytes / chip.hbm_bandwidth + fixed
+        return ph.hbm_bytes / memory + fixed
     k = k if ph.pipelined else 1
     per_hop = ph.sent_bytes if chip.links == 1 else ph.link_bytes
     m = chip.hop_latency + per_hop / k / chip.link_bandwidth
-    q = ph.hbm_bytes / k / chip.hbm_bandwidth + fixed
+    q = ph.hbm_bytes / k / memory + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))
 

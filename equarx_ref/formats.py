@@ -21,16 +21,30 @@ Two families of elements:
   `mant_bits` mantissa bits, so the relative error is at most half an ULP, 2^-(mant_bits+1) of the
   value, whatever its size: small values in a block keep more precision than with integers.
 
-Microscaling (OCP MX: `mxfp8`, `mxfp4`) fixes the block at 32 and makes the scale a bare power of
-two, stored as an E8M0 exponent byte (8.25 and 4.25 bits). This package picks the exponent as
-2^ceil(log2(amax / elem_max)) so that no element clips; the OCP specification's rule is
-2^(floor(log2(amax)) - emax_elem), which is one step finer on some blocks but saturates (clips) the
-largest values of those blocks by design. We prefer the documented no-clip rule for a reference.
+Other integer widths, `int2` ... `int12` (`int6`, `int9`, ...), are bit-packed: a block's codes
+form one little-endian bit stream (element i in bits [i N, (i + 1) N) of the block's payload), so
+int6 costs 6 bits and int9 9 bits, plus the scale; the block must fill whole bytes (B N % 8 == 0).
+The hop-aware ring plans of `hops.py` send such widths.
+
+Microscaling (OCP MX v1.0: `mxfp8`, `mxfp6_e2m3`, `mxfp6_e3m2`, `mxfp4`, `mxint8`) fixes the scale
+to a bare power of two, stored as an E8M0 exponent byte, one per 32 values (8.25, 6.25 and 4.25
+bits; six-bit elements are bit-packed like int6). Two rules choose the exponent (`scale_rule`):
+
+- "ceil" (default): 2^ceil(log2(amax / elem_max)), the smallest power of two with which no
+  element clips: a documented departure from the specification, so that the reference never
+  saturates a value;
+- "floor": the specification's 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the
+  element format's largest normal (e4m3: 8, e2m1: 2, e2m3: 2, e3m2: 4; mxint8: 6 in integer
+  units, the spec's 1.6 fixed point times 2^6). It is one step finer than "ceil" on the blocks
+  whose amax mantissa exceeds elem_max's, and saturates (clips) their largest values to
+  +-elem_max, by design: spec-conformant bytes. `str(Format("mxfp8", scale_rule="floor"))` is
+  "mxfp8/floor".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import jax.numpy as jnp
@@ -38,7 +52,8 @@ import numpy as np
 
 from ._checks import count
 
-__all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "UNQUANTIZED", "Format", "format_label", "parse_format"]
+__all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "SCALE_RULES", "UNQUANTIZED", "Format", "format_label",
+           "parse_format"]
 
 # Scale types: name -> bits on the wire. "e8m0" is a power-of-two exponent byte (MX).
 SCALE_DTYPES = {"bfloat16": 16, "float32": 32, "e8m0": 8}
@@ -48,6 +63,8 @@ _FLOAT_ELEMENTS = {
     "e4m3": (4, 3, -6, 448.0),  # float8_e4m3fn: no infinities, 480 would be NaN
     "e5m2": (5, 2, -14, 57344.0),  # float8_e5m2
     "e2m1": (2, 1, 0, 6.0),  # fp4: {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+    "e2m3": (2, 3, 0, 7.5),  # fp6 (OCP MX): bias 1, no inf/NaN
+    "e3m2": (3, 2, -2, 28.0),  # fp6 (OCP MX): bias 3, no inf/NaN
 }
 
 
@@ -71,10 +88,16 @@ _ELEMENTS = {
     "int4": ("int", 4),
     "fp8_e4m3": ("e4m3", 8),
     "fp8_e5m2": ("e5m2", 8),
+    "fp6_e2m3": ("e2m3", 6),
+    "fp6_e3m2": ("e3m2", 6),
     "fp4_e2m1": ("e2m1", 4),
+    **{f"int{b}": ("int", b) for b in range(2, 13) if b not in (4, 8)},  # bit-packed widths
 }
 # MX presets: element name and the fixed E8M0 scale (OCP MX v1.0).
-_MX = {"mxfp8": "fp8_e4m3", "mxfp4": "fp4_e2m1", "mxint8": "int8"}
+_MX = {"mxfp8": "fp8_e4m3", "mxfp6_e2m3": "fp6_e2m3", "mxfp6_e3m2": "fp6_e3m2",
+       "mxfp4": "fp4_e2m1", "mxint8": "int8"}
+#: How an E8M0 (power-of-two) scale is chosen: "ceil" never clips, "floor" is OCP MX v1.0's.
+SCALE_RULES = ("ceil", "floor")
 _SCALE_SHORT = {"bf16": "bfloat16", "f32": "float32", "e8m0": "e8m0"}
 _SCALE_LONG = {v: k for k, v in _SCALE_SHORT.items()}
 MAX_BLOCK_SIZE = 1 << 16  # far beyond any useful block; keeps buffers sane
@@ -88,23 +111,30 @@ UNQUANTIZED = "bf16"
 
 @dataclasses.dataclass(frozen=True)
 class Format:
-    """A block-wise quantized wire format: element type, block size, scale type.
+    """A block-wise quantized wire format: element type, block size, scale type (and rule).
 
-    `Format("int8")`, `Format("int4", 16)`, `Format("fp8_e4m3", 32, "float32")`, or the presets
-    `Format.int8()`, `Format.int4()`, `Format.fp8_e4m3()`, `Format.fp8_e5m2()`, `Format.mxfp8()`,
+    `Format("int8")`, `Format("int4", 16)`, `Format("fp8_e4m3", 32, "float32")`,
+    `Format("mxfp8", scale_rule="floor")`, or the presets `Format.int8()`, `Format.int4()`,
+    `Format.fp8_e4m3()`, `Format.fp8_e5m2()`, `Format.mxfp8()`, `Format.mxfp6()`,
     `Format.mxfp4()`. `str(fmt)` is a short name that `Format.parse` reads back: "int8",
-    "int4/b16", "fp8_e4m3/f32", "mxfp8".
+    "int4/b16", "fp8_e4m3/f32", "mxfp8", "mxfp6_e2m3/floor".
 
     Attributes:
-        name: the element type: "int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", or an MX
-            preset name "mxfp8", "mxfp4", "mxint8" (whose scale is always E8M0).
+        name: the element type: "int8", "int4", another integer width "int2" ... "int12"
+            (bit-packed), "fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", or an MX
+            preset name "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8" (whose scale is
+            always E8M0).
         block_size: values sharing one scale.
         scale_dtype: "bfloat16", "float32" or "e8m0" (a power-of-two exponent byte, as in MX).
+        scale_rule: for E8M0 scales, "ceil" (default: no element clips) or "floor" (OCP MX
+            v1.0: clips by design; module essay). Other scale types take "ceil" only (their
+            scale is the smallest covering value).
     """
 
     name: str
     block_size: int = 32
     scale_dtype: str | None = None  # None: bfloat16, or e8m0 for the MX names
+    scale_rule: str = "ceil"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or (self.name not in _ELEMENTS and
@@ -121,9 +151,16 @@ class Format:
             raise ValueError(f"{self.name} is an MX format: its scale is e8m0, "
                              f"got scale_dtype={self.scale_dtype!r}")
         object.__setattr__(self, "scale_dtype", scale)
-        if self.elem_bits == 4 and self.block_size % 2:
-            raise ValueError(f"4-bit formats pack two values a byte: block_size must be even, "
-                             f"got {self.block_size}")
+        if self.block_size * self.elem_bits % 8:
+            unit = 8 // math.gcd(8, self.elem_bits)
+            rule = "even" if unit == 2 else f"a multiple of {unit}"
+            raise ValueError(f"{self.elem_bits}-bit elements are bit-packed: a block must fill "
+                             f"whole bytes, so block_size must be {rule}, got {self.block_size}")
+        if self.scale_rule not in SCALE_RULES:
+            raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
+        if self.scale_rule != "ceil" and scale != "e8m0":
+            raise ValueError(f"scale_rule={self.scale_rule!r} is for power-of-two (E8M0, MX) "
+                             f"scales; a {scale} scale is always the smallest that covers amax")
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
@@ -147,39 +184,51 @@ class Format:
         return cls("fp8_e5m2", block_size, scale_dtype)
 
     @classmethod
-    def mxfp8(cls, block_size: int = 32) -> Format:
+    def mxfp8(cls, block_size: int = 32, scale_rule: str = "ceil") -> Format:
         """OCP MXFP8: e4m3 elements, one power-of-two E8M0 scale per 32 values (8.25 bits)."""
-        return cls("mxfp8", block_size, "e8m0")
+        return cls("mxfp8", block_size, "e8m0", scale_rule)
 
     @classmethod
-    def mxfp4(cls, block_size: int = 32) -> Format:
+    def mxfp4(cls, block_size: int = 32, scale_rule: str = "ceil") -> Format:
         """OCP MXFP4: e2m1 elements, one power-of-two E8M0 scale per 32 values (4.25 bits)."""
-        return cls("mxfp4", block_size, "e8m0")
+        return cls("mxfp4", block_size, "e8m0", scale_rule)
+
+    @classmethod
+    def mxfp6(cls, element: str = "e2m3", block_size: int = 32,
+              scale_rule: str = "ceil") -> Format:
+        """OCP MXFP6: e2m3 (default) or e3m2 elements, bit-packed, one E8M0 scale per 32
+        values (6.25 bits)."""
+        return cls(f"mxfp6_{element}", block_size, "e8m0", scale_rule)
 
     # ---- names ---------------------------------------------------------------------------
     @classmethod
     def parse(cls, text: str) -> Format:
-        """Read a format name as `str(fmt)` writes it: "int8", "int4/b16", "fp8_e4m3/f32".
+        """Read a format name as `str(fmt)` writes it: "int8", "int4/b16", "fp8_e4m3/f32",
+        "mxfp8/floor".
 
-        Options after the name, separated by "/": "bN" (block size N) and a scale type
-        ("bf16", "f32", "e8m0"). Raises ValueError naming what it could not read.
+        Options after the name, separated by "/": "bN" (block size N), a scale type
+        ("bf16", "f32", "e8m0") and a scale rule ("floor", "ceil"). Raises ValueError naming
+        what it could not read.
         """
         if not isinstance(text, str):
             raise TypeError(f"Format.parse takes a string, got {type(text).__name__}")
         name, *options = text.strip().split("/")
-        block, scale = 32, None
+        block, scale, rule = 32, None, "ceil"
         for opt in options:
             if re.fullmatch(r"b\d+", opt):
                 block = int(opt[1:])
             elif opt in _SCALE_SHORT:
                 scale = _SCALE_SHORT[opt]
+            elif opt in SCALE_RULES:
+                rule = opt
             else:
                 raise ValueError(f"cannot read {opt!r} in format {text!r}: options are bN "
-                                 f"(block size) and a scale type {sorted(_SCALE_SHORT)}")
+                                 f"(block size), a scale type {sorted(_SCALE_SHORT)} and a "
+                                 f"scale rule {list(SCALE_RULES)}")
         if name == UNQUANTIZED:
             raise ValueError(f"{UNQUANTIZED!r} means no quantization: use parse_format, which "
                              "returns None for it")
-        return cls(name, block, scale)
+        return cls(name, block, scale, rule)
 
     def __str__(self) -> str:
         default_scale = "e8m0" if self.name in _MX else "bfloat16"
@@ -188,11 +237,14 @@ class Format:
             parts.append(f"b{self.block_size}")
         if self.scale_dtype != default_scale:
             parts.append(_SCALE_LONG[self.scale_dtype])
+        if self.scale_rule != "ceil":
+            parts.append(self.scale_rule)
         return "/".join(parts)
 
     def describe(self) -> str:
         """A longer label: 'int8 (block 32, bfloat16 scale, 8.5 bits)'."""
         scale = "" if self.is_mx else f", {self.scale_dtype} scale"
+        scale += ", OCP floor scale rule" if self.scale_rule == "floor" else ""
         return f"{self} (block {self.block_size}{scale}, {self.bits_per_element:g} bits)"
 
     # ---- derived facts -------------------------------------------------------------------
@@ -243,6 +295,11 @@ class Format:
     @property
     def scale_bytes(self) -> int:
         return self.scale_bits // 8
+
+    @property
+    def emax_elem(self) -> int:
+        """floor(log2(elem_max)): the exponent of the largest element (OCP's floor rule)."""
+        return math.floor(math.log2(self.elem_max))
 
     @property
     def payload_bytes_per_block(self) -> int:

@@ -29,6 +29,9 @@ gets a `Chip` made of this run's own figures:
     link_bandwidth  bytes/s of a large ppermute around the ring, all hosts sending at once
     hop_latency     half the round trip of a small message
     hbm_bandwidth   bytes/s (read + written) of `x + 1` on one host while the others run it too
+    codec_bandwidth per format, the same bytes/s of one ring hop (dequantize what arrives, add
+                    the local bf16 chunk, quantize the sum) over 4M values, all hosts at once:
+                    exact rounding makes quantizing compute bound on a CPU, unlike `x + 1`
 
 Run it from the command line: `equarx-ref bench --hosts 4 --link 1gbit --mib 32`.
 """
@@ -36,6 +39,7 @@ Run it from the command line: `equarx-ref bench --hosts 4 --link 1gbit --mib 32`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -381,8 +385,10 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, netw
             "message_bytes": r["message_bytes"],
             "wire_bytes_per_device": r["hlo_bytes"],
             "seconds": slowest(key),
-            "predicted_seconds": predicted_time(n, spec["hosts"], fmt=parse_format(r["format"]),
-                                                algorithm=r["algorithm"], chip=chip),
+            "predicted_seconds": predicted_time(
+                n, spec["hosts"], fmt=parse_format(r["format"]), algorithm=r["algorithm"],
+                chip=dataclasses.replace(chip, codec_bandwidth=cal.get(
+                    f"codec_bytes_per_s {r['format']}"))),
             "link_seconds": slowest(key + " wire"),
             "add_seconds": slowest(f"add {r['message_bytes']}"),
             "model_bytes_per_device": r["model_bytes"], "digest": r["digest"],
@@ -479,9 +485,10 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from .formats import parse_format
+    from .formats import UNQUANTIZED, parse_format
     from .hlo import hlo_wire_bytes
     from .predict import wire_bytes
+    from .quantize import decode, encode
 
     p = spec["hosts"]
     mesh = jax.make_mesh((p,), ("h",), devices=jax.devices())
@@ -514,6 +521,15 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     shift = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "h", right), mesh=mesh,
                                   in_specs=P("h"), out_specs=P("h")))
     link = (8 << 20) / max(timed("link", shift, block) - latency, 1e-9)
+    codec = {}  # per format: the bytes/s of one ring hop's dequantize-add-quantize pass
+    m = 1 << 22
+    local = jnp.ones(m, jnp.bfloat16)
+    for name in sorted({fmt for _, fmt in spec["configs"]} - {UNQUANTIZED}):
+        f = parse_format(name)
+        wire = encode(jnp.ones(m, jnp.float32), f)
+        hop = jax.jit(lambda w, v, f=f: encode(decode(w, f, m) + v.astype(jnp.float32), f))
+        codec[name] = (2 * wire.size + local.nbytes) / timed(f"codec {name}", hop, wire, local,
+                                                              repeats=5)
 
     runs, total, done = [], len(spec["sizes"]) * len(spec["configs"]), 0
     for nbytes in spec["sizes"]:
@@ -540,7 +556,8 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
                 print(f"progress {done}/{total} {algorithm} {fmt} {nbytes >> 20} MiB", flush=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"calibration": {"memory_bytes_per_s": memory, "hop_latency_s": latency,
-                                   "link_bytes_per_s": link},
+                                   "link_bytes_per_s": link,
+                                   **{f"codec_bytes_per_s {k}": v for k, v in codec.items()}},
                    "times": times, "runs": runs}, f)
     jax.distributed.shutdown()
     os._exit(0)  # the timer thread must not keep us alive

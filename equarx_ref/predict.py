@@ -120,14 +120,16 @@ def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
 
 
 def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
-               num_chunks: int = 1, min_bytes: int = 0) -> int:
+               num_chunks: int = 1, min_bytes: int = 0, hop_bits: str = "uniform") -> int:
     """Bytes one device sends for an AllReduce of `n` values over `p` devices.
 
     Counted from the schedule `all_reduce` executes: every transfer of a device, encoded chunk
     sizes included (payload plus scales, after padding). `p` may be a pair (2D torus).
     "psum" is modelled as a ring, 2 (p - 1) / p * n values of `dtype` (XLA:CPU widens a bf16
     psum to f32 in practice; on TPU it sends bf16). An empty message sends nothing. A message
-    under `min_bytes` (`all_reduce`'s size gate) is counted unquantized.
+    under `min_bytes` (`all_reduce`'s size gate) is counted unquantized. `hop_bits` as in
+    `all_reduce`: "adaptive" counts each step in its own format (`hops.hop_plan`). Stochastic
+    rounding and rotation do not change the bytes.
     """
     n = count(n, "n (values)", minimum=0)
     if fmt is not None and n * jnp.dtype(dtype).itemsize < count(min_bytes, "min_bytes",
@@ -141,6 +143,14 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     if total == 1:
         return 0
     chunks = 1 if algorithm == "one_shot" else total * (2 if algorithm == "bidir_ring" else 1)
+    if fmt is not None and hop_bits != "uniform":
+        from .hops import hop_plan, step_weights
+
+        plan = hop_plan(p, fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)
+        _, pieces = layout(n, chunks, plan.align, num_chunks)
+        steps, (_, gathered) = step_weights(make_schedule(algorithm, shape))
+        sends = [(steps[t][1], f) for t, f in plan.reduce] + [(gathered, plan.gather)]
+        return sum(k * sum(f.nbytes(m) for _, m in pieces) for k, f in sends if k)
     _, pieces = layout(n, chunks, fmt.block_size if fmt else 1, num_chunks)
     return _chunks_sent(algorithm, shape) * sum(encoded_bytes(m, fmt, dtype) for _, m in pieces)
 
@@ -192,6 +202,15 @@ def quantized_sizes(p, *, algorithm: str) -> list[int]:
 
 
 @functools.cache
+def _gaussian_amax2(b: int) -> float:
+    """E[amax^2] of b i.i.d. N(0, 1) values: integral_0^inf 2m (1 - erf(m / sqrt 2)^b) dm."""
+    m = np.linspace(0.0, 12.0, 120001)
+    erf = np.vectorize(math.erf)(m / math.sqrt(2.0))
+    integrand = 2 * m * (1 - erf**b)
+    return float(np.sum((integrand[1:] + integrand[:-1]) / 2) * (m[1] - m[0]))
+
+
+@functools.cache
 def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 0) -> float:
     """Relative RMS error of one quantization of i.i.d. Gaussian values, ||x' - x|| / ||x||.
 
@@ -212,10 +231,7 @@ def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 
     count(samples, "samples", minimum=1024)
     if fmt.is_int and not fmt.is_mx:  # a power-of-two scale is up to 2x coarse: measured
         b, qmax = fmt.block_size, fmt.elem_max
-        m = np.linspace(0.0, 12.0, 120001)
-        erf = np.vectorize(math.erf)(m / math.sqrt(2.0))
-        integrand = 2 * m * (1 - erf**b)
-        e_amax2 = float(np.sum((integrand[1:] + integrand[:-1]) / 2) * (m[1] - m[0]))
+        e_amax2 = _gaussian_amax2(b)
         frac = 7 if fmt.scale_dtype == "bfloat16" else 23  # fraction bits of the scale
         mant = np.exp(np.linspace(0.0, math.log(2.0), 200001))  # log-uniform in [1, 2)
         u = np.ceil(mant * 2.0**frac) / 2.0**frac / mant
@@ -227,15 +243,23 @@ def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 
     return float(jnp.linalg.norm(err) / jnp.linalg.norm(x))
 
 
-def predicted_relative_error(p, *, fmt: Format | None, algorithm: str) -> float:
+def predicted_relative_error(p, *, fmt: Format | None, algorithm: str,
+                             hop_bits: str = "uniform") -> float:
     """Expected ||all_reduce - exact|| / ||exact|| for i.i.d. Gaussian inputs (module essay).
 
     0.0 for `fmt=None`, "psum" and a single device (exact up to the rounding of the
-    accumulation dtype, and nothing quantized). `p` may be a pair (2D torus).
+    accumulation dtype, and nothing quantized). `p` may be a pair (2D torus). `hop_bits`:
+    "adaptive" weighs each step's format by the partial sums it quantizes (`hops.py`).
+    Rounding to nearest; a rotation leaves Gaussian data's error unchanged.
     """
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape)
     total = math.prod(shape)
     if fmt is None or algorithm == "psum" or total == 1:
         return 0.0
+    if hop_bits != "uniform":
+        from .hops import hop_plan, plan_relative_error
+
+        plan = hop_plan(p, fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)
+        return plan_relative_error(plan, p, algorithm=algorithm)
     return gaussian_relative_error(fmt) * math.sqrt(_size_sum(algorithm, shape) / total)

@@ -19,8 +19,10 @@ are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above ama
 which is all the precision a coarse scale costs. The error model built on these bounds is in
 predict.py.
 
-MX formats use a power-of-two scale 2^k with k = ceil(log2(amax / elem_max)), stored as an
-E8M0 byte k + 127 (see formats.py for why we do not use OCP's clipping floor rule).
+MX formats use a power-of-two scale 2^k stored as an E8M0 byte k + 127: by default
+k = ceil(log2(amax / elem_max)), so nothing clips; with `scale_rule="floor"` OCP MX v1.0's
+k = floor(log2(amax)) - emax_elem, and the elements that land above elem_max saturate to it
+(see formats.py for the trade-off).
 
 Edge cases, all deliberate:
 - An all-zero block has scale 0 (E8M0: the smallest exponent, 2^-127) and a zero payload, and
@@ -39,7 +41,8 @@ Edge cases, all deliberate:
 
 Wire layout. `to_bytes` lays out one uint8 buffer, block after block: each block's payload
 (4-bit elements packed two per byte: element i of a block in the low nibble of byte i, element
-i + B/2 in its high nibble) followed by that block's scale bytes (the bf16/f32 bit pattern, or
+i + B/2 in its high nibble; other widths as one little-endian bit stream per block, element i
+in bits [i N, (i + 1) N)) followed by that block's scale bytes (the bf16/f32 bit pattern, or
 the E8M0 byte). A collective sends exactly that buffer, so the bytes counted are the bytes sent.
 Block-major keeps every block's bytes contiguous, so encoding is one pass that writes rows:
 putting all payloads first and all scales after made XLA:CPU fuse the quantizer into a flat,
@@ -167,13 +170,15 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
     """Per block: (stored scale, scale as f32, multiplier taking x to element units)."""
     finite = jnp.isfinite(amax)
     if fmt.scale_dtype == "e8m0":
-        # k = ceil(log2(amax / elem_max)), exactly: amax in [2^(e-1), 2^e) and
-        # elem_max in [2^f, 2^(f+1)) put k in {e-f-1, e-f}; one exact comparison decides.
+        # amax in [2^(e-1), 2^e) and elem_max in [2^f, 2^(f+1)), f = emax_elem.
         _, e = jnp.frexp(amax)
-        f = math.floor(math.log2(fmt.elem_max))
-        k = jnp.clip(e - f - 1, -_E8M0_BIAS, 126)
-        k = jnp.where(amax * _pow2(-k) > fmt.elem_max, k + 1, k)
-        k = jnp.where(amax > 0, jnp.clip(k, -_E8M0_BIAS, 126), -_E8M0_BIAS)
+        f = fmt.emax_elem
+        if fmt.scale_rule == "floor":  # OCP MX v1.0: floor(log2 amax) - emax_elem, may clip
+            k = jnp.where(amax > 0, jnp.clip(e - 1 - f, -_E8M0_BIAS, 127), -_E8M0_BIAS)
+        else:  # k = ceil(log2(amax / elem_max)), exactly: k in {e-f-1, e-f}, one comparison
+            k = jnp.clip(e - f - 1, -_E8M0_BIAS, 126)
+            k = jnp.where(amax * _pow2(-k) > fmt.elem_max, k + 1, k)
+            k = jnp.where(amax > 0, jnp.clip(k, -_E8M0_BIAS, 126), -_E8M0_BIAS)
         code = jnp.where(finite, k + _E8M0_BIAS, 255).astype(jnp.uint8)  # 255 is E8M0's NaN
         inv = jnp.where(finite, _pow2(jnp.clip(-k, -126, 127)), jnp.nan)
         return code, None, inv
@@ -303,25 +308,45 @@ def _float_values(c: jax.Array, fmt: Format) -> jax.Array:
     return jnp.where(c >> (fmt.elem_bits - 1) & 1 == 1, -mag, mag)
 
 
+def _pack_bits(codes: jax.Array, bits: int) -> jax.Array:
+    """Codes [..., B] (each < 2^bits) -> one little-endian bit stream, uint8 [..., B bits / 8]:
+    element i occupies bits [i bits, (i + 1) bits) of the block's payload."""
+    stream = (codes[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1  # [..., B, bits]
+    stream = stream.reshape(*codes.shape[:-1], -1, 8)  # [..., bytes, 8]
+    return jnp.sum(stream << jnp.arange(8, dtype=jnp.int32), axis=-1).astype(jnp.uint8)
+
+
+def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
+    """Inverse of `_pack_bits`: uint8 [..., PB] -> int32 codes [..., PB * 8 / bits]."""
+    stream = (payload.astype(jnp.int32)[..., None] >> jnp.arange(8, dtype=jnp.int32)) & 1
+    stream = stream.reshape(*payload.shape[:-1], -1, bits)  # [..., B, bits]
+    return jnp.sum(stream << jnp.arange(bits, dtype=jnp.int32), axis=-1)
+
+
 def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values [..., B] -> packed uint8 [..., B * elem_bits / 8]."""
     codes = q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt)
-    codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.uint8)
+    codes = codes & ((1 << fmt.elem_bits) - 1)
     if fmt.elem_bits == 8:
-        return codes
-    # element i in the low nibble, element i + B/2 in the high one. Written as a sum over the
-    # two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the whole
-    # quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode of a
-    # dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core).
-    halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
-    return jnp.sum(halves << jnp.array([[0], [4]], jnp.int32), axis=-2).astype(jnp.uint8)
+        return codes.astype(jnp.uint8)
+    if fmt.elem_bits == 4:
+        # element i in the low nibble, element i + B/2 in the high one. Written as a sum over
+        # the two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the
+        # whole quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode
+        # of a dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core).
+        halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
+        return jnp.sum(halves << jnp.array([[0], [4]], jnp.int32), axis=-2).astype(jnp.uint8)
+    return _pack_bits(codes, fmt.elem_bits)
 
 
 def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
     """Packed uint8 [..., PB] -> grid values f32 [..., B]."""
     if fmt.elem_bits == 4:
         payload = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1)
-    c = payload.astype(jnp.int32)
+    if fmt.elem_bits in (4, 8):
+        c = payload.astype(jnp.int32)
+    else:
+        c = _unpack_bits(payload, fmt.elem_bits)
     if fmt.is_int:  # two's complement of elem_bits bits
         sign = 1 << (fmt.elem_bits - 1)
         return ((c ^ sign) - sign).astype(jnp.float32)
@@ -421,17 +446,18 @@ def from_bytes(buf: jax.Array, fmt: Format, shape: tuple[int, ...], dtype="float
     return Quantized(payload, scales, tuple(shape), jnp.dtype(dtype).name, fmt)
 
 
-def encode(x: jax.Array, fmt: Format) -> jax.Array:
+def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> jax.Array:
     """Quantize rows `[..., n]` (n a multiple of the block) straight to wire bytes `[..., nbytes]`.
 
-    The collectives' hot path: same numerics as `quantize`, keeping leading axes.
+    The collectives' hot path: same numerics as `quantize` (`key`: stochastic rounding),
+    keeping leading axes.
     """
     *lead, n = x.shape
     if n % fmt.block_size:
         raise ValueError(f"encode takes rows of whole blocks: {n} values is not a multiple of "
                          f"block_size {fmt.block_size} (quantize pads; encode does not)")
     xb = x.astype(jnp.float32).reshape(*lead, n // fmt.block_size, fmt.block_size)
-    payload, stored = _quantize_blocks(xb, fmt, None)
+    payload, stored = _quantize_blocks(xb, fmt, key)
     return to_bytes(Quantized(payload, stored, (n,), "float32", fmt))
 
 

@@ -35,7 +35,7 @@ from .formats import UNQUANTIZED
 from .schedule import Schedule
 
 __all__ = ["MARKERS", "draw_schedule", "draw_timeline", "draw_torus", "plot_bytes_error",
-           "plot_comparison", "plot_cpu_time", "plot_measured", "plot_speedup"]
+           "plot_comparison", "plot_cpu_time", "plot_measured", "plot_speedup", "plot_sweep"]
 
 #: The marker of each algorithm, in every figure of the package.
 MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
@@ -331,3 +331,51 @@ def draw_torus(shape, *, wrap=True, ring_axis: int = 1, bidirectional: bool = Fa
                  f"{links}\n{ring_kind}",
                  fontsize=9)
     return ax
+
+
+def plot_sweep(result: dict, path: str | None = None):
+    """The map of `equarx-ref sweep` (`sweep.sweep`'s result): one panel per device count and
+    data set, error against bytes per value each device sends, the Pareto front as a line.
+
+    Colour: wire format; marker: algorithm; filled: no remedy, hollow: a remedy (named next to
+    the point when it lies on the front). Lower left is better. Returns the figure; saves it
+    to `path` if given.
+    """
+    points = result["points"]
+    ps = sorted({q["p"] for q in points})
+    data = list(dict.fromkeys(q["data"] for q in points))
+    fig, axes = plt.subplots(len(data), len(ps), figsize=(3.4 * len(ps) + 2, 3.1 * len(data)),
+                             squeeze=False, sharey="row")
+    colors: dict[str, str] = {}
+    for q in points:
+        colors.setdefault(q["format"], f"C{len(colors) % 10}")
+    for row, kind in zip(axes, data, strict=True):
+        for ax, p in zip(row, ps, strict=True):
+            here = [q for q in points if q["p"] == p and q["data"] == kind]
+            for q in here:
+                plain = q["remedy"] == "none"
+                ax.scatter(q["bytes_per_value"], max(q["rel_error"], 1e-8),
+                           marker=MARKERS.get(q["algorithm"], "o"), s=28, alpha=0.85,
+                           color=colors[q["format"]] if plain else "none",
+                           edgecolors=colors[q["format"]], linewidths=1.0)
+                if q["pareto"] and not plain:
+                    ax.annotate(q["remedy"], (q["bytes_per_value"], q["rel_error"]),
+                                fontsize=6, xytext=(3, 3), textcoords="offset points")
+            front = sorted((q["bytes_per_value"], q["rel_error"]) for q in here if q["pareto"])
+            if front:
+                ax.step(*zip(*front, strict=True), where="post", color="k", lw=0.8, alpha=0.6)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"p = {p}, {kind}", fontsize=9)
+            ax.set_xlabel("bytes sent per device / values", fontsize=8)
+        row[0].set_ylabel("relative error", fontsize=8)
+    key = lambda **kw: Line2D([], [], ls="", ms=6, **kw)  # noqa: E731
+    handles = ([key(marker="o", color=c, label=f) for f, c in colors.items()]
+               + [key(marker=MARKERS.get(a, "o"), color="k", mfc="none", label=a)
+                  for a in dict.fromkeys(q["algorithm"] for q in points)]
+               + [key(marker="o", color="0.4", mfc="none", label="with a remedy")])
+    fig.legend(handles=handles, fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig

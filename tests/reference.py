@@ -5,8 +5,12 @@ never from the package's code. It reads only the public fields of a `Format` (na
 scale type); element grids come from ml_dtypes, and every decision is exact:
 
     scale  bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax
-           E8M0 (MX): 2^k, k = ceil(log2(amax / elem_max)), stored as the byte k + 127
+           E8M0 (MX): 2^k, k = ceil(log2(amax / elem_max)), stored as the byte k + 127;
+           or, with the OCP MX v1.0 floor rule, k = floor(log2(amax)) - emax_elem (emax_elem
+           the exponent of the grid's largest value), elements saturating at +-elem_max
     element = round(x / s) onto the grid, nearest, ties to the even code
+    packing: 8 bits a byte; 4 bits two a byte (element i low nibble of byte i, element i + B/2
+           its high nibble); any other width a little-endian bit stream per block
 
 Exactness. Inputs are f32 (24 significant bits), bf16 scales carry 8, f32 scales 24, grid values
 and their midpoints at most 9: every product of a grid value (or midpoint) and a scale fits the
@@ -33,8 +37,11 @@ E8M0_BIAS = 127
 # Element type of each format name: ml_dtypes float type (None: symmetric integer) and bits.
 _ELEMENTS = {
     "int8": (None, 8), "int4": (None, 4), "mxint8": (None, 8),
+    **{f"int{b}": (None, b) for b in range(2, 13)},
     "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 8), "mxfp8": (ml_dtypes.float8_e4m3fn, 8),
     "fp8_e5m2": (ml_dtypes.float8_e5m2, 8),
+    "fp6_e2m3": (ml_dtypes.float6_e2m3fn, 6), "mxfp6_e2m3": (ml_dtypes.float6_e2m3fn, 6),
+    "fp6_e3m2": (ml_dtypes.float6_e3m2fn, 6), "mxfp6_e3m2": (ml_dtypes.float6_e3m2fn, 6),
     "fp4_e2m1": (ml_dtypes.float4_e2m1fn, 4), "mxfp4": (ml_dtypes.float4_e2m1fn, 4),
 }
 _SCALE_TYPES = {"bfloat16": (ml_dtypes.bfloat16, np.uint16), "float32": (np.float32, np.uint32)}
@@ -45,6 +52,7 @@ def grid(name: str) -> tuple[np.ndarray, int]:
     dtype, bits = _ELEMENTS[name]
     if dtype is None:  # symmetric integers 0..2^(bits-1)-1, two's complement codes
         return np.arange(2 ** (bits - 1), dtype=np.float64), bits
+    # ml_dtypes' sub-byte floats occupy the low bits of one byte each
     values = np.arange(2 ** (bits - 1), dtype=np.uint8).view(dtype).astype(np.float64)
     values = values[np.isfinite(values)]  # e4m3fn ends in NaN, e5m2 in inf and NaNs
     assert np.all(np.diff(values) > 0)
@@ -109,7 +117,14 @@ def quantize_blocks(x: np.ndarray, fmt) -> RefQuantized:
     finite = np.isfinite(amax)
     amax_f = np.where(finite, amax, 0.0)
 
-    if fmt.scale_dtype == "e8m0":
+    if fmt.scale_dtype == "e8m0" and getattr(fmt, "scale_rule", "ceil") == "floor":
+        _, e = np.frexp(np.where(amax_f > 0, amax_f, 1.0))  # amax in [2^(e-1), 2^e)
+        _, f = np.frexp(emax)  # emax in [2^(f-1), 2^f): emax_elem = f - 1
+        k = np.clip(e.astype(np.int64) - 1 - (f - 1), -E8M0_BIAS, 127)
+        k = np.where(amax_f > 0, k, -E8M0_BIAS)
+        s = _pow2(k)
+        stored = np.where(finite, k + E8M0_BIAS, 255).astype(np.uint8)
+    elif fmt.scale_dtype == "e8m0":
         k = np.clip(_e8m0_exponent(amax_f, emax), -E8M0_BIAS, 127)
         k = np.where(amax_f > 0, k, -E8M0_BIAS)  # all-zero block: the smallest exponent
         s = _pow2(k)
@@ -124,7 +139,7 @@ def quantize_blocks(x: np.ndarray, fmt) -> RefQuantized:
     # round(|x| / s) to nearest, ties to the even code: compare |x| with midpoint * s, exactly.
     a = np.where(finite[:, None], a, 0.0)
     products = G[None, :] * s[:, None]  # [blocks, grid], exact
-    a = np.minimum(a, emax * s[:, None])  # only an E8M0 exponent clipped at 2^-127 needs it
+    a = np.minimum(a, emax * s[:, None])  # the floor rule saturates (and E8M0's 2^-127 floor)
     lo = (products[:, None, :] <= a[:, :, None]).sum(-1) - 1  # largest grid value <= |x| / s
     hi = np.minimum(lo + 1, len(G) - 1)
     mid = (G[lo] + G[hi]) / 2 * s[:, None]
@@ -136,9 +151,15 @@ def quantize_blocks(x: np.ndarray, fmt) -> RefQuantized:
         codes = np.where(sign, -idx, idx) & ((1 << bits) - 1)
     else:  # sign bit | magnitude code (a negative value rounding to 0 keeps its sign: -0)
         codes = np.where(sign, idx | (1 << (bits - 1)), idx)
-    codes = codes.astype(np.uint8)
-    payload = codes if bits == 8 else codes[:, : fmt.block_size // 2] | (
-        codes[:, fmt.block_size // 2:] << 4)
+    codes = codes.astype(np.uint8) if bits <= 8 else codes.astype(np.uint16)
+    if bits == 8:
+        payload = codes
+    elif bits == 4:
+        payload = codes[:, : fmt.block_size // 2] | (codes[:, fmt.block_size // 2:] << 4)
+    else:  # bit i of element j is bit (j * bits + i) of the block's stream, little-endian
+        stream = (codes[:, :, None].astype(np.int64) >> np.arange(bits)) & 1
+        payload = np.packbits(stream.reshape(len(codes), -1).astype(np.uint8), axis=1,
+                              bitorder="little")
 
     # dequantize: the code's value (integer code 0 is +0; a float code keeps its sign) times s
     negative = sign & ((idx > 0) | (_ELEMENTS[fmt.name][0] is not None))
@@ -167,9 +188,12 @@ def round_trip(x: np.ndarray, fmt) -> np.ndarray:
 # ---- collectives --------------------------------------------------------------------------
 
 
-def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
+def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
     """What `all_reduce` must return for inputs `x` [p, ...], by the collectives' documented
     semantics, following `schedule` (plain data) step by step in NumPy.
+
+    `plan` (hop-aware bits): ({step time: format}, gather format); chunks are then padded to
+    the largest block of the plan, and each step's messages use its own format.
 
     Each message is what a receiver decodes: dequantize(quantize(v)) (or, with fmt None, v
     rounded to x's dtype). A reduce hop adds it to the receiver's f32 copy; an all-to-all or a
@@ -179,17 +203,19 @@ def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
     x = np.asarray(x)
     p, n = x.shape[0], x[0].size
     dtype = x.dtype
-    align = fmt.block_size if fmt is not None else 1
+    steps_fmt, gather_fmt = plan if plan is not None else ({}, fmt)
+    align = max([f.block_size for f in (fmt, gather_fmt, *steps_fmt.values())]) \
+        if fmt is not None else 1
     C = schedule.num_chunks
     L = -(-n // (C * align)) * align
     acc = np.zeros((p, C * L), np.float32)
     acc[:, :n] = x.reshape(p, -1).astype(np.float32)
     acc = acc.reshape(p, C, L)
 
-    def message(v):  # v [..., L] f32 -> what the receiver decodes, f32
-        if fmt is None:
+    def message(v, f=fmt):  # v [..., L] f32 -> what the receiver decodes, f32
+        if f is None:
             return v.astype(dtype).astype(np.float32)
-        return round_trip(v.reshape(-1), fmt).reshape(v.shape)
+        return round_trip(v.reshape(-1), f).reshape(v.shape)
 
     def rank_order_sum(parts):
         total = parts[0]
@@ -199,25 +225,26 @@ def all_reduce(x: np.ndarray, schedule, fmt) -> np.ndarray:
 
     for step in (s for s in schedule.steps if s.phase == "reduce"):
         new = acc.copy()  # a step reads everyone's copies from before it
+        f = steps_fmt.get(step.time, fmt)
         if step.kind == "permute":
             for t in step.transfers:
                 for c in t.chunks:
-                    new[t.dst, c] = message(acc[t.src, c]) + acc[t.dst, c]
+                    new[t.dst, c] = message(acc[t.src, c], f) + acc[t.dst, c]
         elif step.kind == "all_to_all":
             senders = {}
             for t in step.transfers:
                 for c in t.chunks:
                     senders.setdefault((t.dst, c), {t.dst}).add(t.src)
             for (d, c), srcs in senders.items():
-                new[d, c] = rank_order_sum([message(acc[r, c]) for r in sorted(srcs)])
+                new[d, c] = rank_order_sum([message(acc[r, c], f) for r in sorted(srcs)])
         elif step.kind == "all_gather":
-            total = rank_order_sum([message(acc[r]) for r in range(p)])
+            total = rank_order_sum([message(acc[r], f) for r in range(p)])
             new[:] = total
         else:
             raise AssertionError(step.kind)
         acc = new
     if any(s.phase == "gather" for s in schedule.steps):
-        out = np.stack([message(acc[schedule.owners[c][0], c]) for c in range(C)])
+        out = np.stack([message(acc[schedule.owners[c][0], c], gather_fmt) for c in range(C)])
     else:
         out = acc[0]
     return out.reshape(-1)[:n].reshape(x.shape[1:]).astype(dtype)

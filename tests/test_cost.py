@@ -1,6 +1,8 @@
 """The time model: its phases follow the bytes of the schedules, its limits are the byte ratios,
 pipelining helps only where compute and links can overlap, and bad input is refused."""
 
+import dataclasses
+
 import pytest
 
 import equarx_ref as eq
@@ -71,6 +73,22 @@ def test_hosts_on_a_switch_pay_every_byte_they_send(algorithm, p):
         assert sum(x.hops * x.sent_bytes for x in ph) == pytest.approx(sent, rel=1e-12)
         t = eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
         assert t == pytest.approx(hops * 1e-4 + sent / 1e8, rel=1e-9)
+
+
+def test_codec_bandwidth_prices_the_quantizing_passes_only():
+    """A slower (de)quantizing pass (a CPU's exact rounding) slows the quantized AllReduce, not
+    the unquantized one; None prices it as a memory pass."""
+    fast = eq.Chip("c", link_bandwidth=1e9, hop_latency=1e-5, hbm_bandwidth=1e10, peak_flops=1.0)
+    slow = dataclasses.replace(fast, codec_bandwidth=1e9)
+    n = 1 << 24
+    for algorithm in ("ring", "two_shot"):
+        t = {c.codec_bandwidth: eq.predicted_time(n, 4, fmt=INT8, algorithm=algorithm, chip=c)
+             for c in (fast, slow)}
+        assert t[1e9] > t[None]
+        assert eq.predicted_time(n, 4, fmt=None, algorithm=algorithm, chip=slow) == \
+            eq.predicted_time(n, 4, fmt=None, algorithm=algorithm, chip=fast)
+    with pytest.raises(ValueError, match="codec_bandwidth"):
+        dataclasses.replace(fast, codec_bandwidth=0.0)
 
 
 def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
