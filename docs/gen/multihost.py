@@ -65,10 +65,11 @@ def verdicts(result: dict) -> str:
     worst = max(abs(r["predicted_seconds"] / r["seconds"] - 1) for r in rows.values())
     out.append(f"the model within {worst:.0%} of every measured time (target "
                f"{MODEL_TOLERANCE:.0%}: {'met' if worst <= MODEL_TOLERANCE else 'not met'})")
-    ring = rows.get(("ring", "bf16"))
-    if ring:
-        out.append(f"bf16 ring compute {ring['compute_seconds']:.3f} s against a plain add over "
-                   f"the message {ring['add_seconds']:.3f} s")
+    rings = [(f, rows["ring", f]) for f in ("bf16", "int8", "int4") if ("ring", f) in rows]
+    if rings:
+        out.append(f"ring compute (measured minus link) against a plain add over the message "
+                   f"({rings[0][1]['add_seconds']:.3f} s): " + ", ".join(
+                       f"{f} {r['compute_seconds'] / r['add_seconds']:.1f}x" for f, r in rings))
     return "; ".join(out) + "."
 
 
