@@ -11,7 +11,8 @@ One colour per wire format and one marker per algorithm (`MARKERS`), in every fi
 
 `draw_timeline` draws `cost.timeline` as a Gantt chart (the pipeline of one device: compute
 and link bars per piece and hop); `plot_speedup` draws `equarx-ref model` rows (modelled
-speedup against message size).
+speedup against message size); `plot_measured` draws measured times (the `equarx-ref bench
+--hosts` rows: link and compute stacked) beside the model's prediction for each.
 
 `kernel_timeline` turns the Pallas ring kernel's plan (`kernels.plan_ring(...).program(d)`:
 which message each step waits for, which slots it reads and writes) into a timeline under
@@ -42,7 +43,7 @@ from .schedule import Schedule
 
 __all__ = ["MARKERS", "draw_kernel_timeline", "draw_schedule", "draw_timeline", "draw_torus",
            "kernel_timeline", "plot_bytes_error", "plot_comparison", "plot_cpu_time",
-           "plot_speedup", "plot_sweep"]
+           "plot_measured", "plot_speedup", "plot_sweep"]
 
 #: The marker of each algorithm, in every figure of the package.
 MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
@@ -289,6 +290,42 @@ def plot_speedup(report: dict, ax=None):
     ax.legend()
     return ax
 
+
+def plot_measured(rows, ax=None, title: str | None = None):
+    """Measured seconds against the model's, one bar per row; returns the Axes.
+
+    `rows`: dicts with "algorithm", "format", "seconds" and "predicted_seconds" (the rows of
+    `equarx-ref bench --hosts --json`). A row that also has "link_seconds" is drawn as its link
+    part (solid) under the rest, its compute (hatched); the model is a black tick on each bar.
+    Colour: wire format (unquantized bf16 grey).
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.8))
+    colors: dict[str, str] = {}
+    for r in rows:
+        colors.setdefault(r["format"], "0.5" if r["format"] == UNQUANTIZED
+                          else f"C{len(colors)}")
+    for i, r in enumerate(rows):
+        c = colors[r["format"]]
+        link = min(r.get("link_seconds", r["seconds"]), r["seconds"])
+        ax.bar(i, link, color=c, width=0.7)
+        ax.bar(i, r["seconds"] - link, bottom=link, color="white", edgecolor=c, hatch="///",
+               width=0.7)
+        ax.plot([i - 0.42, i + 0.42], [r["predicted_seconds"]] * 2, color="k", lw=2)
+    ax.set_xticks(range(len(rows)), [f"{r['algorithm']}\n{r['format']}" for r in rows],
+                  fontsize=7)
+    ax.set_ylabel("seconds per AllReduce")
+    handles = [plt.Rectangle((0, 0), 1, 1, color="0.3", label="measured: link"),
+               plt.Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///",
+                             label="measured: compute"),
+               Line2D([], [], color="k", lw=2, label="model")]
+    ax.legend(handles=handles, fontsize=7, ncols=3, frameon=False, loc="lower center",
+              bbox_to_anchor=(0.5, 1.0))  # above the bars, under the title
+    if title:
+        ax.set_title(title, fontsize=10, pad=22)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return ax
 
 def _torus_xy(coord, shape):
     """Where chip `coord` is drawn: axis 0 down, axis 1 across, axis 2 (if any) into the page,

@@ -197,6 +197,47 @@ def test_readme_table_rows_agree_with_the_json():
         assert f"{r['dnll']:+.4f}" in cell and f"{r['top1']:.1f}%" in cell, (r["label"], cell)
 
 
+def test_stored_model_report_is_this_checkouts_model(tmp_path):
+    """docs/data/model-v5e.json (README, Results) is what `equarx-ref model` prints today: the
+    time model changed? `python docs/hooks.py refresh model-v5e.json`."""
+    from equarx_ref import cli
+
+    fresh = tmp_path / "model.json"
+    assert cli.main(["model", "--chip", "v5e", "--json", str(fresh)]) == 0
+    stored = _data("model-v5e.json")
+    assert stored == json.loads(fresh.read_text(encoding="utf-8")), (
+        "docs/data/model-v5e.json is stale: run `python docs/hooks.py refresh model-v5e.json`")
+
+
+def test_readme_time_tables_agree_with_the_json():
+    """Read independently of the generators: the model's rows and every stored multi-host row
+    (docs/data/multihost-*.json) have their README rows, with the same numbers."""
+    lines = [_cells(x) for x in README.read_text(encoding="utf-8").splitlines()
+             if x.startswith("|")]
+    report = _data("model-v5e.json")
+    assert report["modelled"] is True
+    for r in report["rows"]:
+        found = [c for c in lines if c[0].replace(" ", "") in (
+            f"{r['message_bytes'] >> 10}KiB", f"{r['message_bytes'] >> 20}MiB",
+            f"{r['message_bytes'] >> 30}GiB") and len(c) == 8]
+        assert len(found) == 1, f"README: {len(found)} model rows for {r['message_bytes']} B"
+        assert found[0][3] == f"{r['int8_speedup']:.2f}x", (r, found[0])
+        assert found[0][6] == f"{r['int4_speedup']:.2f}x", (r, found[0])
+    for r in report["prefill"]:
+        row = next(c for c in lines if c[0] == r["model"])
+        assert f"{r['speedup']:.2f}x" in row, (r, row)
+    for path in sorted((ROOT / "docs" / "data").glob("multihost-*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        assert f"`{result['command']}`" in README.read_text(encoding="utf-8"), path.name
+        for r in result["results"]:
+            found = [c for c in lines if c[:3] == [result["link"] or "loopback",
+                                                   r["algorithm"], r["format"]]
+                     and f"{r['seconds']:.3f} s" in c]
+            assert len(found) == 1, f"README: no row for {path.name} {r['algorithm']} {r['format']}"
+            assert f"{r['predicted_seconds']:.3f} s" in found[0]
+            assert f"{r['speedup_vs_bf16']:.2f}x" in found[0]
+
+
 def test_readme_use_snippet_prints_what_its_comments_say():
     code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8")
                      .split("## Use", 1)[1], re.S).group(1)

@@ -6,14 +6,16 @@ here makes the sections of one source:
 
 - `course`: the notebooks in notebooks/ (the nav's Course section and the home page's list);
 - `concepts`: tables and figures computed by the package itself when the site is built;
-- `demo`, `bench`, `gemma`: the stored JSON output of a command that was run
+- `demo`, `bench`, `gemma`, `model`: the stored JSON output of a command that was run
   (docs/data/*.json; `commands` lists the command behind each file and reruns them);
+- `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
+  its command, which `refresh` leaves alone);
 - `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
 """
 
 from __future__ import annotations
 
-from . import bench, concepts, course, demo, gemma
+from . import bench, concepts, course, demo, gemma, model, multihost
 from .common import Section, install
 
 __all__ = ["GENERATORS", "Section"]
@@ -25,9 +27,12 @@ GENERATORS = {
     "schedules": concepts.schedules_figure,
     "error-model": concepts.error_model_table,
     "wire-bytes": concepts.wire_bytes_table,
+    "time-model": concepts.time_model_table,
     "headline": demo.headline,
     "demo": demo.results,
     "bench": bench.results,
     "gemma-headline": gemma.headline,
     "gemma": gemma.results,
+    "model": model.results,
+    "multihost": multihost.results,
 }

@@ -17,6 +17,7 @@ COMMANDS = {
     "demo.json": "equarx-ref demo --json docs/data/demo.json",
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
+    "model-v5e.json": "equarx-ref model --chip v5e --json docs/data/model-v5e.json",
     "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "multihost-100mbit.json": "equarx-ref bench --hosts 4 --link 100mbit --mib 32 --no-progress "

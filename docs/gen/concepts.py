@@ -88,3 +88,40 @@ def schedules_figure() -> Section:
         "column per step, each cell what that device sends then (\"c3 → 1\": its copy of "
         "chunk 3, to device 1; \"→ 3\" in a collective: to 3 devices).*",
         {path: png(fig)})
+
+
+def time_model_table(p: int = 8, algorithm: str = "bidir_ring", overhead: float = 1e-6) -> Section:
+    """Per TPU chip: the modelled int8 and int4 speedups at a few sizes, and the crossover."""
+    import dataclasses
+
+    from equarx_ref import cost
+
+    fmts = {"int8": eq.parse_format("int8"), "int4": eq.parse_format("int4")}
+    sizes = {"1 MiB": 1 << 20, "64 MiB": 1 << 26, "1 GiB": 1 << 30}
+
+    def best(n, fmt, chip):
+        k = eq.best_num_chunks(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
+        return eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, num_chunks=k)
+
+    def size(nbytes):
+        return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.0f} KiB"
+
+    rows = []
+    for chip in eq.CHIPS.values():
+        speedups = [f"{best(b // 2, None, chip) / best(b // 2, fmts[f], chip):.2f}x"
+                    for f in fmts for b in sizes.values()]
+        slow = dataclasses.replace(chip, quantize_overhead=overhead)
+        rows.append([f"{chip.name}", f"{chip.link_bandwidth / 1e9:g}",
+                     f"{chip.hbm_bandwidth / 1e9:g}", *speedups,
+                     size(cost.crossover_bytes(p, fmt=fmts["int8"], algorithm=algorithm,
+                                               chip=slow))])
+    header = ["chip", "ICI GB/s", "HBM GB/s",
+              *(f"{f} {s}" for f in fmts for s in sizes),
+              f"int8 crossover, {overhead * 1e6:g} µs per pass"]
+    return Section(
+        table(header, rows)
+        + f"\n\n*Modelled speedup over the unquantized `{algorithm}` on {p} chips, each at its "
+        "best pipeline depth (`eq.predicted_time`, `eq.best_num_chunks`), for messages of bf16; "
+        f"the last column assumes a fixed cost of {overhead * 1e6:g} µs per quantizing pass "
+        "(`Chip.quantize_overhead`; no public figure exists) and gives "
+        "`cost.crossover_bytes`. Computed when this site was built.*")

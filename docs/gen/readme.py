@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from . import bench, demo, gemma
+from . import bench, demo, gemma, model, multihost
 from .commands import COMMANDS
 from .common import ROOT, load, nbtool
 
@@ -39,7 +39,8 @@ def _install() -> str:
     return nbtool().install_markdown() + "\n"
 
 
-BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "install": _install}
+BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "model": model.readme,
+          "multihost": multihost.readme, "install": _install}
 
 
 def render(text: str) -> str:

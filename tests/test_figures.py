@@ -1,0 +1,34 @@
+"""Figures of `equarx_ref.viz` that the notebooks and the docs draw from stored results."""
+
+from __future__ import annotations
+
+import matplotlib
+
+from equarx_ref import viz
+
+matplotlib.use("Agg")  # before the first figure: no display needed
+
+ROWS = [  # the shape of `equarx-ref bench --hosts --json` rows
+    {"algorithm": "ring", "format": "bf16", "seconds": 4.0, "predicted_seconds": 3.5,
+     "link_seconds": 3.6},
+    {"algorithm": "ring", "format": "int8", "seconds": 2.0, "predicted_seconds": 2.2,
+     "link_seconds": 2.5},  # link timed above the whole: drawn as all link, no compute
+    {"algorithm": "two_shot", "format": "int4", "seconds": 1.0, "predicted_seconds": 0.9},
+]
+
+
+def test_plot_measured_stacks_link_and_compute_under_the_model(tmp_path):
+    ax = viz.plot_measured(ROWS, title="4 hosts")
+    ax.figure.savefig(tmp_path / "m.png")
+    bars = ax.patches[:2 * len(ROWS)]  # per row: link bar, then compute bar on top of it
+    for r, (link, rest) in zip(ROWS, zip(bars[::2], bars[1::2], strict=True), strict=True):
+        assert abs(link.get_height() + rest.get_height() - r["seconds"]) < 1e-12, r
+        assert abs(rest.get_y() - link.get_height()) < 1e-12
+        assert rest.get_height() >= 0
+    ticks = [line.get_ydata()[0] for line in ax.lines]
+    assert ticks == [r["predicted_seconds"] for r in ROWS]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"{r['algorithm']}\n{r['format']}" for r in ROWS]
+    assert ax.get_title() == "4 hosts"
+    colours = {r["format"]: bar.get_facecolor() for r, bar in zip(ROWS, bars[::2], strict=True)}
+    assert len(set(colours.values())) == 3  # one colour per wire format
