@@ -40,6 +40,23 @@ def _at_least(minimum: int):
     return parse
 
 
+def _argument(parse):
+    """An argparse type from a parser that raises ValueError: its message, in one line."""
+    def check(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return check
+
+
+def _format_name(text: str) -> str:
+    """A wire format as typed ("int8", "int4/b16", "bf16" for none) -> its short name."""
+    from .formats import format_label, parse_format
+
+    return format_label(parse_format(text))
+
+
 def _writable(text: str) -> str:
     """An argparse type: a file path we can write (checked now, not after minutes of work)."""
     if text == "-":
@@ -120,22 +137,12 @@ def _cmd_demo(args) -> int:
 
 
 def _add_bench(sub) -> None:
-    from .formats import FORMAT_NAMES, UNQUANTIZED, format_label, parse_format
+    from .formats import FORMAT_NAMES, UNQUANTIZED
     from .multihost import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, parse_rate
     from .predict import ALGORITHMS
 
-    def fmt_name(text):
-        try:
-            return format_label(parse_format(text))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    def rate(text):
-        try:
-            parse_rate(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return text
+    fmt_name = _argument(_format_name)
+    rate = _argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
 
     p = sub.add_parser("bench", help="quantizer throughput; with --hosts, a real multi-host run",
                        description="Without --hosts: time quantize+dequantize of a large f32 "
@@ -241,14 +248,10 @@ def _cmd_bench_hosts(args) -> int:
 
 def _add_gemma(sub) -> None:
     from .collectives import ALGORITHMS
-    from .formats import FORMAT_NAMES, UNQUANTIZED, format_label, parse_format
+    from .formats import FORMAT_NAMES, UNQUANTIZED
     from .gemma.quality import DEFAULT_FORMATS
 
-    def fmt_name(text):
-        try:
-            return format_label(parse_format(text))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+    fmt_name = _argument(_format_name)
 
     p = sub.add_parser("gemma", help="quality of quantized TP communication on Gemma 3 270M",
                        description="Run Gemma 3 270M (real weights, float32) tensor-parallel "
@@ -464,15 +467,10 @@ def _cmd_outliers(args) -> int:
 
 def _add_sweep(sub) -> None:
     from .cost import CHIPS
+    from .formats import Format
     from .sweep import DATA, DEFAULT_ALGORITHMS, DEFAULT_FORMATS, DEFAULT_P, REMEDIES
 
-    def fmt_name(text):
-        from .formats import Format
-
-        try:
-            return str(Format.parse(text))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+    fmt_name = _argument(lambda text: str(Format.parse(text)))  # quantized formats only
 
     p = sub.add_parser("sweep", help="the map: bits on the wire against error, and remedies",
                        description="Every device count x algorithm x wire format x remedy "

@@ -34,9 +34,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
+from ..collectives import _Codec
 from ..formats import Format
 from ..quantize import decode, encode
 from . import backend
@@ -44,37 +44,12 @@ from . import backend
 __all__ = ["fused_hop", "hop_reference", "lowering_error", "wire_codec"]
 
 
-class _WireCodec:
-    """Values <-> the bytes one message carries (as collectives' codec does on the XLA path)."""
-
-    def __init__(self, fmt: Format | None, dtype):
-        if fmt is not None and not isinstance(fmt, Format):
-            raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
-        self.fmt = fmt
-        self.dtype = jnp.dtype(dtype)
-        self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32
-        self.align = fmt.block_size if fmt is not None else 1
-
-    def encode(self, v: jax.Array) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
-        if self.fmt is not None:
-            return encode(v, self.fmt)
-        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
-        return raw.reshape(*v.shape[:-1], -1)
-
-    def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
-        if self.fmt is not None:
-            return decode(buf, self.fmt, m).astype(self.acc)
-        if self.dtype.itemsize > 1:
-            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
-        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
-
-    def nbytes(self, m: int) -> int:
-        return self.fmt.nbytes(m) if self.fmt is not None else m * self.dtype.itemsize
-
-
-def wire_codec(fmt: Format | None, dtype) -> _WireCodec:
-    """The codec of one message: `.encode(values)`, `.decode(bytes, m)`, `.nbytes(m)`, `.acc`."""
-    return _WireCodec(fmt, dtype)
+def wire_codec(fmt: Format | None, dtype) -> _Codec:
+    """The codec of one message: `.encode(values)`, `.decode(bytes, m)`, `.nbytes(m)`, `.acc`:
+    the XLA path's own, so both paths put the same bytes on the wire."""
+    if fmt is not None and not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
+    return _Codec(fmt, dtype)
 
 
 def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
