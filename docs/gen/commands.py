@@ -24,6 +24,8 @@ COMMANDS = {
                               "--json docs/data/multihost-100mbit.json",
     "multihost-1gbit.json": "equarx-ref bench --hosts 4 --link 1gbit --mib 32 --no-progress "
                             "--json docs/data/multihost-1gbit.json",
+    "multihost-loopback.json": "equarx-ref bench --hosts 4 --mib 32 --no-progress "
+                               "--json docs/data/multihost-loopback.json",
 }
 
 
