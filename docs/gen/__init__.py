@@ -6,14 +6,15 @@ here makes the sections of one source:
 
 - `course`: the notebooks in notebooks/ (the nav's Course section and the home page's list);
 - `concepts`: tables and figures computed by the package itself when the site is built;
-- `demo`, `bench`, `gemma`: the stored JSON output of a command that was run
-  (docs/data/*.json; `commands` lists the command behind each file and reruns them);
+- `demo`, `bench`, `gemma`, `beyond` (sweep.json, outliers.json): the stored JSON output of a
+  command that was run (docs/data/*.json; `commands` lists the command behind each file and
+  reruns them);
 - `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
 """
 
 from __future__ import annotations
 
-from . import bench, concepts, course, demo, gemma
+from . import bench, beyond, concepts, course, demo, gemma
 from .common import Section, install
 
 __all__ = ["GENERATORS", "Section"]
@@ -30,4 +31,6 @@ GENERATORS = {
     "bench": bench.results,
     "gemma-headline": gemma.headline,
     "gemma": gemma.results,
+    "sweep": beyond.sweep_results,
+    "outliers": beyond.outliers_results,
 }

@@ -18,6 +18,10 @@ COMMANDS = {
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
     "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
+    "sweep.json": "equarx-ref sweep --p 2 4 8 16 --algorithms ring bidir_ring two_shot one_shot "
+                  "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/floor mxfp6_e2m3 mxfp4 --remedies none "
+                  "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
+                  "--chip v5e --json docs/data/sweep.json",
 }
 
 

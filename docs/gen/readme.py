@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from . import bench, demo, gemma
+from . import bench, beyond, demo, gemma
 from .commands import COMMANDS
 from .common import ROOT, load, nbtool
 
@@ -39,7 +39,12 @@ def _install() -> str:
     return nbtool().install_markdown() + "\n"
 
 
-BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "install": _install}
+def _beyond() -> str:
+    return beyond.readme_block()
+
+
+BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "beyond": _beyond,
+          "install": _install}
 
 
 def render(text: str) -> str:
