@@ -21,6 +21,10 @@ the compute, the link, and which message occupies each send and receive slot whe
 buffer, drawn. Modelled, not measured: every device runs the same program, so the message a
 device awaits leaves its upstream neighbour exactly when its own message of that index leaves.
 
+`plot_sweep` draws the map of `equarx-ref sweep`; `plot_feature_ranges` draws calibrated
+per-feature ranges (`gemma.calibrate.feature_ranges`, stored in docs/data/outliers.json): each
+site's features sorted widest first, over the site's median, the ones kept in bf16 marked.
+
 `draw_torus` draws a TPU slice as its ICI network: chips as nodes, numbered as a mesh of that
 shape numbers its devices (row-major), links between neighbours, wraparound links as short
 stubs at the edges, and one ring (the chips along one axis through chip 0) in colour, with
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections import defaultdict
 
 import matplotlib.pyplot as plt
@@ -43,7 +48,7 @@ from .schedule import Schedule
 
 __all__ = ["MARKERS", "draw_kernel_timeline", "draw_schedule", "draw_timeline", "draw_torus",
            "kernel_timeline", "plot_bytes_error", "plot_comparison", "plot_cpu_time",
-           "plot_measured", "plot_speedup", "plot_sweep"]
+           "plot_feature_ranges", "plot_measured", "plot_speedup", "plot_sweep"]
 
 #: The marker of each algorithm, in every figure of the package.
 MARKERS = {"psum": "s", "ring": "o", "bidir_ring": "^", "two_shot": "D", "one_shot": "v"}
@@ -474,3 +479,38 @@ def plot_sweep(result: dict, path: str | None = None):
     if path:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def plot_feature_ranges(sites, ax=None):
+    """Per-feature ranges at some AllReduce sites: how much wider the widest features are.
+
+    `sites`: dicts with `range` (one value per feature, e.g. the calibrated max - min summed over
+    devices), optional `outliers` (feature indices to mark) and a name: `label`, or `layer`
+    and `kind` (the dicts of `gemma.calibrate.feature_ranges`). Each site is one line: its
+    features sorted widest first (x, log scale), range over the site's median range (y, log
+    scale); marked features are dots on their line. Returns the matplotlib Axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    for i, site in enumerate(sites):
+        spread = [float(v) for v in site["range"]]
+        if not spread:
+            raise ValueError(f"site {i} has no feature ranges")
+        median = statistics.median(spread)
+        if median <= 0:
+            raise ValueError(f"site {i}: its median range is {median}, not positive")
+        order = sorted(range(len(spread)), key=lambda j: -spread[j])
+        ratio = [spread[j] / median for j in order]
+        name = site.get("label") or f"layer {site['layer']} {site['kind']}"
+        (line,) = ax.plot(range(1, len(ratio) + 1), ratio, lw=1.2,
+                          label=f"{name} (widest {ratio[0]:.1f}x)")
+        marked = set(site.get("outliers") or ())
+        ranks = [r for r, j in enumerate(order, 1) if j in marked]
+        ax.plot(ranks, [ratio[r - 1] for r in ranks], "o", ms=4, color=line.get_color())
+    ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("features, widest first (rank)")
+    ax.set_ylabel("range / median feature's range")
+    ax.legend(fontsize=8, title="dots: kept in bf16", title_fontsize=8)
+    return ax

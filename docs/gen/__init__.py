@@ -6,8 +6,9 @@ here makes the sections of one source:
 
 - `course`: the notebooks in notebooks/ (the nav's Course section and the home page's list);
 - `concepts`: tables and figures computed by the package itself when the site is built;
-- `demo`, `bench`, `gemma`, `model`: the stored JSON output of a command that was run
-  (docs/data/*.json; `commands` lists the command behind each file and reruns them);
+- `demo`, `bench`, `gemma`, `model`, `beyond` (sweep.json, outliers.json): the stored JSON
+  output of a command that was run (docs/data/*.json; `commands` lists the command behind each
+  file and reruns them);
 - `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
   its command, which `refresh` leaves alone);
 - `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
@@ -15,7 +16,7 @@ here makes the sections of one source:
 
 from __future__ import annotations
 
-from . import bench, concepts, course, demo, gemma, model, multihost
+from . import bench, beyond, concepts, course, demo, gemma, model, multihost
 from .common import Section, install
 
 __all__ = ["GENERATORS", "Section"]
@@ -35,4 +36,6 @@ GENERATORS = {
     "gemma": gemma.results,
     "model": model.results,
     "multihost": multihost.results,
+    "sweep": beyond.sweep_results,
+    "outliers": beyond.outliers_results,
 }

@@ -19,6 +19,10 @@ COMMANDS = {
     "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
     "model-v5e.json": "equarx-ref model --chip v5e --json docs/data/model-v5e.json",
     "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
+    "sweep.json": "equarx-ref sweep --p 2 4 8 16 --algorithms ring bidir_ring two_shot one_shot "
+                  "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/floor mxfp6_e2m3 mxfp4 --remedies none "
+                  "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
+                  "--chip v5e --json docs/data/sweep.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "multihost-100mbit.json": "equarx-ref bench --hosts 4 --link 100mbit --mib 32 --no-progress "
                               "--json docs/data/multihost-100mbit.json",
@@ -34,12 +38,16 @@ def command_block(name: str) -> str:
     return f"```bash\n{COMMANDS[name]}\n```"
 
 
+#: Files rerun only when named: the multi-host runs need root (network namespaces).
+ON_REQUEST = frozenset(name for name in COMMANDS if name.startswith("multihost-"))
+
+
 def refresh(names: list[str]) -> None:
-    """Rerun the commands behind docs/data/*.json (all of them, or the files named)."""
+    """Rerun the commands behind docs/data/*.json (all but `ON_REQUEST`, or the files named)."""
     unknown = sorted(set(names) - set(COMMANDS))
     if unknown:
         raise SystemExit(f"no command makes {unknown}; known: {sorted(COMMANDS)}")
-    for name in names or list(COMMANDS):
+    for name in names or [n for n in COMMANDS if n not in ON_REQUEST]:
         print(f"$ {COMMANDS[name]}", flush=True)
         argv = shlex.split(COMMANDS[name])
         assert argv[0] == "equarx-ref", argv

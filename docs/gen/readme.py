@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from . import bench, demo, gemma, model, multihost
+from . import bench, beyond, demo, gemma, model, multihost
 from .commands import COMMANDS
 from .common import ROOT, load, nbtool
 
@@ -39,8 +39,12 @@ def _install() -> str:
     return nbtool().install_markdown() + "\n"
 
 
+def _beyond() -> str:
+    return beyond.readme_block()
+
+
 BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "model": model.readme,
-          "multihost": multihost.readme, "install": _install}
+          "multihost": multihost.readme, "beyond": _beyond, "install": _install}
 
 
 def render(text: str) -> str:
