@@ -13,6 +13,7 @@ import sys
 
 from .common import ROOT
 
+_MULTIHOST = "--algorithms ring bidir_ring two_shot --formats bf16 int8 int4"
 COMMANDS = {
     "demo.json": "equarx-ref demo --json docs/data/demo.json",
     "bench.json": "equarx-ref bench --json docs/data/bench.json",
@@ -24,12 +25,12 @@ COMMANDS = {
                   "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
                   "--chip v5e --json docs/data/sweep.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
-    "multihost-100mbit.json": "equarx-ref bench --hosts 4 --link 100mbit --mib 32 --no-progress "
-                              "--json docs/data/multihost-100mbit.json",
-    "multihost-1gbit.json": "equarx-ref bench --hosts 4 --link 1gbit --mib 32 --no-progress "
-                            "--json docs/data/multihost-1gbit.json",
-    "multihost-loopback.json": "equarx-ref bench --hosts 4 --mib 32 --no-progress "
-                               "--json docs/data/multihost-loopback.json",
+    "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit --mib 32 {_MULTIHOST} "
+                             "--repeats 3 --json docs/data/multihost-100mbit.json"),
+    "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit --mib 32 {_MULTIHOST} "
+                             "--repeats 5 --json docs/data/multihost-1gbit.json"),
+    "multihost-loopback.json": (f"equarx-ref bench --hosts 4 --mib 32 {_MULTIHOST} "
+                             "--repeats 3 --json docs/data/multihost-loopback.json"),
 }
 
 
