@@ -49,7 +49,11 @@ def _mesh_platform() -> str | None:
         device = jax.sharding.get_abstract_mesh().abstract_device
     except Exception:  # no mesh context, or a jax without abstract devices
         return None
-    return getattr(device, "platform", None)
+    if device is None:
+        return None
+    platform = getattr(device, "platform", None)  # jax >= 0.10.2; before: from the kind
+    return platform or ("tpu" if device.device_kind.lower().startswith("tpu") else
+                        device.device_kind.lower())
 
 
 def interpret_params(interpret=None):

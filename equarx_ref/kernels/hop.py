@@ -121,7 +121,10 @@ def lowering_error(fmt: Format, *, rows: int = 8, m: int = 1024,
     try:
         from jax._src import mesh as mesh_lib
 
-        chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+        try:
+            chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+        except TypeError:  # jax < 0.10.2: no platform field (the kind names the chip)
+            chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1)
         mesh = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=chip)
     except Exception as e:
         return f"cannot check: {type(e).__name__}: {e}"
