@@ -125,9 +125,18 @@ def test_pallas_ring_is_bitwise_xla(p, algorithm, fmt, n, k, dtype):
 
 def test_broken_kernel_is_caught_by_the_race_detector():
     """Without the capacity wait, a sender may overwrite a receive slot its neighbour has not
-    read yet. The detector must say so (else a race count of 0 above would prove nothing)."""
-    result = kernels.check(2, fmt=eq.Format.int8(), n=128, num_chunks=2, sabotage="capacity")
-    assert result.races > 0 and result.sabotage == "capacity", result
+    read yet. The detector must say so (else a race count of 0 above would prove nothing).
+
+    On jax 0.12 the interpret-mode detector stops at the first race and, rarely, reports none
+    in a run (measured: 1 run in 24 at p = 2, none in 16 at p = 4), so up to three runs at
+    p = 4 are allowed; on jax 0.10 every run reports several."""
+    results = []
+    for _ in range(3):
+        results.append(kernels.check(4, fmt=eq.Format.int8(), n=256, num_chunks=2,
+                                     sabotage="capacity"))
+        if results[-1].races > 0:
+            break
+    assert results[-1].races > 0 and results[-1].sabotage == "capacity", results
 
 
 def test_plan_sends_the_xla_bytes():
