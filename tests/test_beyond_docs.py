@@ -8,10 +8,8 @@ read independently; and every stored file's command against the one the docs nam
 
 from __future__ import annotations
 
-import importlib
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -19,15 +17,11 @@ import pytest
 
 matplotlib.use("Agg")
 
+from test_docs import _docs_gen as _gen  # tests/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _gen(name: str):
-    sys.path.insert(0, str(ROOT / "docs"))
-    try:
-        return importlib.import_module(f"gen.{name}")
-    finally:
-        sys.path.remove(str(ROOT / "docs"))
 
 
 def test_plot_feature_ranges_draws_sorted_ratios_and_marks_the_outliers():
