@@ -176,7 +176,8 @@ def _add_bench(sub) -> None:
                    help="write the results as JSON ('-' for stdout, then the table goes to "
                    "stderr)")
     p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
-                   help="with --hosts: save a figure (png, svg, pdf)")
+                   help="with --hosts: save the figure of measured against modelled seconds "
+                   "(png, svg, pdf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)
 
@@ -242,7 +243,12 @@ def _cmd_bench_hosts(args) -> int:
     if args.json:
         _write_json(args.json, {"command": shlex.join(command), **result})
     if args.plot:
-        multihost.plot(result, args.plot)
+        from .viz import plot_measured
+
+        ax = plot_measured(result["results"], title=f"{args.hosts} hosts at "
+                           f"{result['link'] or 'loopback'}: CPU timings against the model")
+        ax.figure.tight_layout()
+        ax.figure.savefig(args.plot, dpi=120)
         print(f"figure: {args.plot}", file=out)
     return 0 if all(r["bitwise_equal"] for r in result["results"]) else 1
 

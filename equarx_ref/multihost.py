@@ -57,7 +57,7 @@ import time
 
 from ._checks import count
 
-__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "parse_rate", "plot", "run"]
+__all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "parse_rate", "run"]
 
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot")
 DEFAULT_FORMATS = ("bf16", "int8", "int4")
@@ -586,35 +586,6 @@ def _reference(spec_path: str, out: str) -> None:
             digests[f"{algorithm} {fmt} {nbytes}"] = shards.pop() if len(shards) == 1 else "!"
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"digests": digests}, f)
-
-
-# ---- a figure ------------------------------------------------------------------------------
-
-
-def plot(result: dict, path: str) -> None:
-    """Measured seconds (markers) and the model's (lines) against message size; speedups."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    keys = dict.fromkeys((r["algorithm"], r["format"]) for r in result["results"])
-    for i, key in enumerate(keys):
-        rs = [r for r in result["results"] if (r["algorithm"], r["format"]) == key]
-        mib = [r["message_bytes"] / 2**20 for r in rs]
-        colour = f"C{i % 10}"
-        ax.loglog(mib, [r["seconds"] for r in rs], "o", color=colour, label=" ".join(key))
-        ax.loglog(mib, [r["predicted_seconds"] for r in rs], "-", color=colour, alpha=0.6)
-        ax2.semilogx(mib, [r["speedup_vs_bf16"] for r in rs], "o-", color=colour)
-    ax.set(xlabel="message per host (MiB)", ylabel="seconds per AllReduce",
-           title="measured (dots) and modelled (lines)")
-    ax2.set(xlabel="message per host (MiB)", ylabel="speedup over the bf16 ring",
-            title=result["network"][:60])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
