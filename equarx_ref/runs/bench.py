@@ -18,8 +18,7 @@ the same memory (`x + 1`: one read, one write; XLA removes `x * 1`), in the same
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ from ..formats import Format, parse_format
 from ..models.hlo import hlo_wire_bytes
 from ..models.predict import predicted_relative_error, wire_bytes
 from ..quantize import dequantize, quantize
+from .timing import medians, time_calls
 
 __all__ = ["DEMO_FORMATS", "Row", "compare_collectives", "quantizer_throughput"]
 
@@ -59,15 +59,8 @@ class Row:
 
 
 def _time(fns: dict, x, repeats: int) -> dict:
-    for f in fns.values():
-        f(x).block_until_ready()  # compile and warm up
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f(x).block_until_ready()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median seconds of each `fns[k](x)`, round-robin (`runs.timing`)."""
+    return medians(time_calls({k: functools.partial(f, x) for k, f in fns.items()}, repeats))
 
 
 def compare_collectives(devices, n: int = 1 << 18, *, repeats: int = 5, seed: int = 0,
