@@ -8,13 +8,17 @@
     equarx-ref outliers static int4 + bf16 outlier features (calibrated) on Gemma 3 270M
     equarx-ref sweep    the map: bits on the wire against error, every algorithm, format, remedy
 
-(This module only parses arguments, calls the package and prints; bad arguments end with one
-line naming the problem and exit status 2, before any work starts.)
+(This module only parses arguments, calls one library function per command and prints. It
+imports what a command needs only when that command runs, so `equarx-ref --help` stays light.
+Exits: 0 done; 1 a failure while running or writing an output (one line); 2 a bad argument
+(one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went away.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from importlib import metadata
@@ -68,6 +72,48 @@ def _writable(text: str) -> str:
     return text
 
 
+#: What a figure path may end with (matplotlib's Agg canvas writes these); none means png.
+FIGURE_TYPES = ("png", "svg", "svgz", "pdf", "eps", "ps", "jpg", "jpeg", "tif", "tiff")
+
+
+def _figure_path(text: str) -> str:
+    """An argparse type: a writable path whose extension names a figure type."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("a figure goes to a file, not to stdout ('-')")
+    ext = os.path.splitext(text)[1][1:].lower()
+    if ext and ext not in FIGURE_TYPES:
+        raise argparse.ArgumentTypeError(f"cannot write a figure as .{ext}: use one of "
+                                         f"{', '.join(FIGURE_TYPES)}")
+    return _writable(text)
+
+
+class OutputError(Exception):
+    """Writing an output file failed (disk full, device gone...): one line, exit status 1."""
+
+
+def _write(path: str, data: bytes) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise OutputError(f"cannot write {path!r}: {e.strerror or e}") from None
+
+
+def _save_figure(fig, path: str, out) -> None:
+    """Render `fig` in memory, then write it (matplotlib alone ignores some write errors)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=os.path.splitext(path)[1][1:].lower() or "png", dpi=120)
+    finally:
+        plt.close(fig)
+    _write(path, buf.getvalue())
+    print(f"figure: {path}", file=out)
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
@@ -80,12 +126,11 @@ def _write_json(path: str, obj) -> None:
     if path == "-":
         print(json.dumps(obj, indent=1))
     else:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
+        _write(path, json.dumps(obj, indent=1).encode("utf-8"))
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="run the collectives side by side (the main job)",
+    p = sub.add_parser("demo", help=COMMANDS["demo"][0],
                        description="Every AllReduce algorithm x wire format on the same bf16 "
                        "inputs: bits per element, bytes each device sends (from the compiled "
                        "HLO), byte ratio and CPU time against the unquantized bf16 ring, and "
@@ -98,7 +143,7 @@ def _add_demo(sub) -> None:
                    help="timed calls per configuration; the median is kept (default 5)")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
-    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+    p.add_argument("--plot", metavar="PATH", type=_figure_path, default=None,
                    help="save a figure (png, svg, pdf)")
     p.set_defaults(func=_cmd_demo)
 
@@ -106,14 +151,13 @@ def _add_demo(sub) -> None:
 def _cmd_demo(args) -> int:
     import dataclasses
 
-    from . import devices
-    from .runs import bench
+    from .runs.demo import demo
 
-    devs = devices.setup_devices(args.devices)
     out = sys.stderr if args.json == "-" else sys.stdout
-    print(f"{devices.describe_devices(devs)}; {args.size} bf16 values per device", file=out)
-    rows = bench.compare_collectives(devs, args.size, repeats=args.repeats,
-                                         progress=lambda m: print(f"  {m}", file=sys.stderr))
+    report = demo(args.devices, args.size, repeats=args.repeats,
+                  progress=lambda m: print(f"  {m}", file=sys.stderr))
+    rows = report["rows"]
+    print(f"{report['devices']}; {args.size} bf16 values per device", file=out)
     cells = [[r.algorithm, r.format, f"{r.bits_per_element:g}", f"{r.bytes_sent:,}",
               f"{r.byte_ratio:.2f}x", f"{r.rel_error:.2e}",
               "-" if r.format == "bf16" else f"{r.predicted_error:.2e}",
@@ -127,25 +171,25 @@ def _cmd_demo(args) -> int:
           "bf16 rounding only). CPU time: median wall time relative to the unquantized bf16 "
           "ring, simulated devices on this CPU (no real links: not a TPU speedup).", file=out)
     if args.json:
-        _write_json(args.json, {"devices": devices.describe_devices(devs), "size": args.size,
+        _write_json(args.json, {"devices": report["devices"], "size": args.size,
                                 "rows": [dataclasses.asdict(r) for r in rows]})
     if args.plot:
         from .viz import plot_comparison
 
-        plot_comparison(rows, args.plot)
-        print(f"figure: {args.plot}", file=out)
+        _save_figure(plot_comparison(rows), args.plot, out)
     return 0
 
 
 def _add_bench(sub) -> None:
     from .formats import FORMAT_NAMES, UNQUANTIZED
-    from .multihost import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, parse_rate
+    from .multihost.launcher import DEFAULT_ALGORITHMS, DEFAULT_FORMATS
+    from .multihost.network import parse_rate
     from .schedule import ALGORITHMS
 
     fmt_name = _argument(_format_name)
     rate = _argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
 
-    p = sub.add_parser("bench", help="quantizer throughput; with --hosts, a real multi-host run",
+    p = sub.add_parser("bench", help=COMMANDS["bench"][0],
                        description="Without --hosts: time quantize+dequantize of a large f32 "
                        "array against the cheapest pass over the same memory (x + 1), side by "
                        "side in one run, for several formats. With --hosts N: N processes form "
@@ -175,7 +219,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the results as JSON ('-' for stdout, then the table goes to "
                    "stderr)")
-    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+    p.add_argument("--plot", metavar="PATH", type=_figure_path, default=None,
                    help="with --hosts: save the figure of measured against modelled seconds "
                    "(png, svg, pdf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -187,12 +231,9 @@ def _cmd_bench(args) -> int:
         return _cmd_bench_hosts(args)
     if args.link or args.plot:
         raise ValueError("--link and --plot go with --hosts")
-    from .formats import Format
-    from .runs import bench
+    from .runs.bench import throughput
 
-    results = [bench.quantizer_throughput(f, mib=mib, repeats=args.repeats or 5)
-               for mib in args.mib or [64]
-               for f in (Format.int8(), Format.int4(), Format.fp8_e4m3(), Format.mxfp4())]
+    results = throughput(args.mib or [64], repeats=args.repeats or 5)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(_table(["format", "MiB", "quantize+dequantize", "x + 1", "ratio", "GiB/s"],
                  [[r["format"], str(r["mib"]), f"{r['quantize_dequantize_s'] * 1e3:.1f} ms",
@@ -207,22 +248,21 @@ def _cmd_bench(args) -> int:
 def _cmd_bench_hosts(args) -> int:
     import shlex
 
-    from . import multihost
+    from .multihost import launcher
 
-    mib, repeats = args.mib or [m >> 20 for m in multihost.DEFAULT_SIZES], args.repeats or 3
+    mib, repeats = args.mib or [m >> 20 for m in launcher.DEFAULT_SIZES], args.repeats or 3
     command = ["equarx-ref", "bench", "--hosts", str(args.hosts),
                *(["--link", args.link] if args.link else []), "--mib", *map(str, mib),
                "--algorithms", *args.algorithms, "--formats", *args.formats,
                "--repeats", str(repeats), *(["--json", args.json] if args.json else [])]
     try:
-        result = multihost.run(args.hosts, link=args.link, sizes=[m << 20 for m in mib],
-                               algorithms=args.algorithms, formats=args.formats,
-                               repeats=repeats, timeout=args.timeout,
-                               progress=not args.no_progress)
-    except (RuntimeError, TimeoutError, KeyboardInterrupt) as e:
-        print(f"equarx-ref bench: {'interrupted' if isinstance(e, KeyboardInterrupt) else e}"
-              " (hosts, namespaces and links removed)", file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
+        result = launcher.run(args.hosts, link=args.link, sizes=[m << 20 for m in mib],
+                              algorithms=args.algorithms, formats=args.formats,
+                              repeats=repeats, timeout=args.timeout,
+                              progress=not args.no_progress)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"equarx-ref bench: {e} (hosts, namespaces and links removed)", file=sys.stderr)
+        return 1
     out = sys.stderr if args.json == "-" else sys.stdout
     c = result["chip"]
     print(f"{result['network']}; measured: link {c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, "
@@ -248,8 +288,7 @@ def _cmd_bench_hosts(args) -> int:
         ax = plot_measured(result["results"], title=f"{args.hosts} hosts at "
                            f"{result['link'] or 'loopback'}: CPU timings against the model")
         ax.figure.tight_layout()
-        ax.figure.savefig(args.plot, dpi=120)
-        print(f"figure: {args.plot}", file=out)
+        _save_figure(ax.figure, args.plot, out)
     return 0 if all(r["bitwise_equal"] for r in result["results"]) else 1
 
 
@@ -260,7 +299,7 @@ def _add_gemma(sub) -> None:
 
     fmt_name = _argument(_format_name)
 
-    p = sub.add_parser("gemma", help="quality of quantized TP communication on Gemma 3 270M",
+    p = sub.add_parser("gemma", help=COMMANDS["gemma"][0],
                        description="Run Gemma 3 270M (real weights, float32) tensor-parallel "
                        "with every AllReduce algorithm x wire format and compare each run with "
                        "the exact one: NLL, perplexity, dNLL with its paired standard error, KL, "
@@ -278,7 +317,7 @@ def _add_gemma(sub) -> None:
                    f"or a variant such as int4/b16 (default: {' '.join(DEFAULT_FORMATS)})")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
-    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+    p.add_argument("--plot", metavar="PATH", type=_figure_path, default=None,
                    help="save a figure (png, svg, pdf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_gemma)
@@ -291,11 +330,12 @@ def _cmd_gemma(args) -> int:
                                    tp=args.tp, max_tokens=args.tokens,
                                    algorithms=args.algorithms, formats=args.formats,
                                    progress=not args.no_progress)  # ValueError: one line (main)
-    print(report.format_table(result), file=sys.stderr if args.json == "-" else sys.stdout)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(report.format_table(result), file=out)
     if args.json:
         _write_json(args.json, result)
     if args.plot:
-        figures.plot_report(result, args.plot)
+        _save_figure(figures.plot_report(result), args.plot, out)
     return 0
 
 
@@ -303,7 +343,7 @@ def _add_model(sub) -> None:
     from .models.cost import CHIPS
     from .schedule import ALGORITHMS
 
-    p = sub.add_parser("model", help="modelled TPU time: speedup against message size, prefill",
+    p = sub.add_parser("model", help=COMMANDS["model"][0],
                        description="The time model (equarx_ref/cost.py) on one TPU chip type: "
                        "for messages of 1 KiB to 1 GiB, the modelled time of the unquantized "
                        "AllReduce and the speedup of int8 and int4, each at its best pipeline "
@@ -315,72 +355,45 @@ def _add_model(sub) -> None:
                    default="bidir_ring", help="default bidir_ring")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
-    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+    p.add_argument("--plot", metavar="PATH", type=_figure_path, default=None,
                    help="save the speedup curves (png, svg, pdf)")
     p.set_defaults(func=_cmd_model)
 
 
 def _cmd_model(args) -> int:
-    from .formats import Format
-    from .gemma.config import PRESETS
-    from .models import cost
-    from .models.prefill import prefill_time
+    from .models.cost import CHIPS
+    from .runs.model import model_report
 
     out = sys.stderr if args.json == "-" else sys.stdout
-    chip, p, alg = cost.CHIPS[args.chip], args.devices, args.algorithm
-    fmts = {"int8": Format.int8(), "int4": Format.int4()}
-
-    def best(n, fmt):
-        k = cost.best_num_chunks(n, p, fmt=fmt, algorithm=alg, chip=chip)
-        return cost.predicted_time(n, p, fmt=fmt, algorithm=alg, chip=chip, num_chunks=k), k
-
-    rows = []
-    for log2 in range(10, 31, 2):
-        n = (1 << log2) // 2  # bf16 values
-        base, _ = best(n, None)
-        row = {"message_bytes": 1 << log2, "bf16_seconds": base}
-        for name, fmt in fmts.items():
-            t, k = best(n, fmt)
-            row |= {f"{name}_seconds": t, f"{name}_speedup": base / t, f"{name}_num_chunks": k}
-        rows.append(row)
-    print(f"{chip.name}, {p} chips, {alg}; modelled ({chip.source})", file=out)
+    report = model_report(args.chip, args.devices, args.algorithm)
+    chip, rows = CHIPS[args.chip], report["rows"]
+    print(f"{chip.name}, {report['devices']} chips, {report['algorithm']}; modelled "
+          f"({chip.source})", file=out)
     print(_table(["message", "bf16", "int8", "speedup", "k", "int4", "speedup", "k"],
                  [[_size(r["message_bytes"]), _us(r["bf16_seconds"]), _us(r["int8_seconds"]),
                    f"{r['int8_speedup']:.2f}x", str(r["int8_num_chunks"]),
                    _us(r["int4_seconds"]), f"{r['int4_speedup']:.2f}x",
                    str(r["int4_num_chunks"])] for r in rows]), file=out)
-    crossover = {name: cost.crossover_bytes(p, fmt=fmt, algorithm=alg, chip=chip)
-                 for name, fmt in fmts.items()}
     print("crossover (quantized faster from): " + ", ".join(
-        f"{k} {_size(v)}" for k, v in crossover.items()) + " (the chip figures carry no fixed "
-        "cost of quantizing, so only block padding loses)", file=out)
-    prefill = []
-    for name in ("12b", "27b"):
-        base = prefill_time(PRESETS[name], 2048, p, chip=chip, fmt=None, algorithm=alg)
-        int8 = prefill_time(PRESETS[name], 2048, p, chip=chip, fmt=fmts["int8"], algorithm=alg)
-        prefill.append({"model": f"Gemma 3 {name.upper()}", "tokens": 2048, "tp": p,
-                        "compute_s": base.compute_s, "bf16_allreduce_s": base.allreduce_s,
-                        "int8_allreduce_s": int8.allreduce_s,
-                        "speedup": base.total_s / int8.total_s})
+        f"{k} {_size(v)}" for k, v in report["crossover_bytes"].items()) + " (the chip figures "
+        "carry no fixed cost of quantizing, so only block padding loses)", file=out)
     print(_table(["prefill (2048 tokens)", "matmuls", "AllReduce bf16", "int8", "speedup"],
                  [[r["model"], _us(r["compute_s"]), _us(r["bf16_allreduce_s"]),
-                   _us(r["int8_allreduce_s"]), f"{r['speedup']:.2f}x"] for r in prefill]),
-          file=out)
+                   _us(r["int8_allreduce_s"]), f"{r['speedup']:.2f}x"]
+                  for r in report["prefill"]]), file=out)
     print("matmuls at 50% of peak bf16 FLOP/s; the paper measured 1.1x (12B) and 1.25x (27B) "
           "on TPU (EQuARX, arXiv 2506.17615).", file=out)
-    report = {"chip": args.chip, "devices": p, "algorithm": alg, "modelled": True,
-              "rows": rows, "crossover_bytes": crossover, "prefill": prefill}
     if args.json:
         _write_json(args.json, report)
     if args.plot:
         from .viz import plot_speedup
 
-        plot_speedup(report).figure.savefig(args.plot, dpi=120)
+        _save_figure(plot_speedup(report).figure, args.plot, out)
     return 0
 
 
 def _add_kernels(sub) -> None:
-    p = sub.add_parser("kernels", help="the Pallas TPU kernels: checks; GB/s on a real TPU",
+    p = sub.add_parser("kernels", help=COMMANDS["kernels"][0],
                        description="The Pallas ring AllReduce (impl='pallas') against the XLA "
                        "path: bitwise equality and the race detector's count, in TPU interpret "
                        "mode on CPU devices (a deliberately broken kernel must show races). On "
@@ -421,7 +434,7 @@ def _cmd_kernels(args) -> int:
 
 
 def _add_outliers(sub) -> None:
-    p = sub.add_parser("outliers", help="static int4 + bf16 outliers (Dong et al.) on Gemma",
+    p = sub.add_parser("outliers", help=COMMANDS["outliers"][0],
                        description="Calibrate static int4 AllReduce on Gemma 3 270M (per-site, "
                        "per-device, per-feature ranges on the calibration text, E/64 widest "
                        "features in bf16), then score it beside the dynamic formats on the "
@@ -479,7 +492,7 @@ def _add_sweep(sub) -> None:
 
     fmt_name = _argument(lambda text: str(Format.parse(text)))  # quantized formats only
 
-    p = sub.add_parser("sweep", help="the map: bits on the wire against error, and remedies",
+    p = sub.add_parser("sweep", help=COMMANDS["sweep"][0],
                        description="Every device count x algorithm x wire format x remedy "
                        "(stochastic rounding, Hadamard rotation, hop-aware bits) on the same "
                        "synthetic inputs (Gaussian, and Gaussian with outlier features): bits "
@@ -502,7 +515,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write every point as JSON ('-' for stdout, then the tables go to "
                    "stderr)")
-    p.add_argument("--plot", metavar="PATH", type=_writable, default=None,
+    p.add_argument("--plot", metavar="PATH", type=_figure_path, default=None,
                    help="save the map (png, svg, pdf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_sweep)
@@ -543,8 +556,7 @@ def _cmd_sweep(args) -> int:
     if args.plot:
         from .viz import plot_sweep
 
-        plot_sweep(result, args.plot)
-        print(f"figure: {args.plot}", file=out)
+        _save_figure(plot_sweep(result), args.plot, out)
     return 0
 
 
@@ -559,24 +571,63 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
-def main(argv: list[str] | None = None) -> int:
+#: Every command: (one-line help, the function that adds its full parser). Only the command
+#: being run gets its full parser, so `equarx-ref --help` imports none of their modules.
+COMMANDS = {
+    "demo": ("run the collectives side by side (the main job)", _add_demo),
+    "bench": ("quantizer throughput; with --hosts, a real multi-host run", _add_bench),
+    "gemma": ("quality of quantized TP communication on Gemma 3 270M", _add_gemma),
+    "model": ("modelled TPU time: speedup against message size, prefill", _add_model),
+    "kernels": ("the Pallas TPU kernels: checks; GB/s on a real TPU", _add_kernels),
+    "outliers": ("static int4 + bf16 outliers (Dong et al.) on Gemma", _add_outliers),
+    "sweep": ("the map: bits on the wire against error, and remedies", _add_sweep),
+}
+
+
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="equarx-ref", description=__doc__.split("\n\n(")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {metadata.version('equarx-ref')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_demo(sub)
-    _add_bench(sub)
-    _add_gemma(sub)
-    _add_model(sub)
-    _add_kernels(sub)
-    _add_outliers(sub)
-    _add_sweep(sub)
-    args = parser.parse_args(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (help_, add) in COMMANDS.items():
+        if name == chosen:
+            add(sub)
+        else:
+            sub.add_parser(name, help=help_)
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: stdout to /dev/null, so the exit's flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (module docstring). Every command's failures
+    end the same way: one line on stderr, never a traceback, for a bad argument, a failed
+    write, Ctrl-C or a closed pipe."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["equarx-ref", *(a for a in argv[:1] if a in COMMANDS)])
     try:
-        return args.func(args) or 0
+        args = _parser(argv).parse_args(argv)
+        status = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the exit's flush
+        return status
+    except BrokenPipeError:  # the reader went away (`equarx-ref model | head -1`): quietly
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return 130
+    except OutputError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, ImportError) as e:  # bad input found by the package: one line
-        print(f"equarx-ref {args.command}: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -504,7 +504,7 @@ def test_install_instructions_say_what_the_install_cell_does(site):
 def test_readme_says_what_the_demo_runs():
     """The README's line about `equarx-ref demo` names exactly the formats the demo runs."""
     import equarx_ref as eq
-    from equarx_ref.runs.bench import DEMO_FORMATS
+    from equarx_ref.runs.demo import DEMO_FORMATS
 
     line = README.read_text(encoding="utf-8").split("`equarx-ref demo`:", 1)[1].split("\n  -")[0]
     named = {f for f in eq.FORMAT_NAMES if f"`{f}`" in line}

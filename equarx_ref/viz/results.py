@@ -3,7 +3,7 @@
 One colour per wire format (unquantized bf16 grey) and one marker per algorithm (`MARKERS`), in
 every figure, so a point means the same thing on every page.
 
-- `equarx-ref demo` (`runs.bench.Row`): `plot_bytes_error`, error against the bytes sent, both
+- `equarx-ref demo` (`runs.demo.Row`): `plot_bytes_error`, error against the bytes sent, both
   relative (what quantizing buys: lower left is better); `plot_cpu_time`, CPU time against the
   unquantized ring (a CPU timing, no real links); `plot_comparison`, the two side by side.
 - `equarx-ref model`: `plot_speedup`, modelled speedup over bf16 against message size.
@@ -44,7 +44,7 @@ def _colors(formats) -> dict[str, str]:
 
 
 def plot_bytes_error(rows, ax=None):
-    """Error against bytes sent, one point per `benchmark.Row`; returns the matplotlib Axes.
+    """Error against bytes sent, one point per `runs.demo.Row`; returns the matplotlib Axes.
 
     x: bytes one device sent (compiled HLO) over the unquantized bf16 ring's, so 1/2 is half
     the traffic; y: relative error against the exact sum. Colour: wire format; marker:
@@ -73,7 +73,7 @@ def plot_bytes_error(rows, ax=None):
 
 
 def plot_cpu_time(rows, ax=None):
-    """CPU time of each `benchmark.Row` over the unquantized bf16 ring's; returns the Axes."""
+    """CPU time of each `runs.demo.Row` over the unquantized bf16 ring's; returns the Axes."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 3.8))
     colors = _colors(r.format for r in rows)
