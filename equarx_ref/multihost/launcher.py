@@ -225,8 +225,8 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
             `timeout`. Either way every host, namespace and link is gone.
     """
     from ..formats import format_label, parse_format
-    from ..schedule import ALGORITHMS
     from ..runs.progress import progress_bar
+    from ..schedule import ALGORITHMS
 
     start = time.monotonic()
     algorithms_ok = [a for a in ALGORITHMS if a != "psum"]
