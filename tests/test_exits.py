@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from equarx_ref import cli
+from equarx_ref.cli import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -45,7 +46,7 @@ def test_help_imports_no_heavy_module():
 def test_ctrl_c_is_status_130_and_one_line(command, monkeypatch, capsys):
     def interrupted(_args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, f"_cmd_{command}", interrupted)
+    monkeypatch.setattr(cli.command_module(command), f"cmd_{command}", interrupted)
     assert cli.main([command]) == 130
     assert _one_line(capsys.readouterr().err) == f"equarx-ref {command}: interrupted"
 
@@ -53,10 +54,11 @@ def test_ctrl_c_is_status_130_and_one_line(command, monkeypatch, capsys):
 @pytest.mark.parametrize("command", list(cli.COMMANDS))
 def test_output_paths_are_checked_before_the_work(command, monkeypatch, capsys):
     """Every output option of every command refuses a path it cannot write, at parse time."""
-    monkeypatch.setattr(cli, f"_cmd_{command}", lambda _args: pytest.fail("the work started"))
+    monkeypatch.setattr(cli.command_module(command), f"cmd_{command}",
+                        lambda _args: pytest.fail("the work started"))
     parser = cli._parser([command])
     sub = next(a for a in parser._actions if a.dest == "command").choices[command]
-    outputs = [a for a in sub._actions if a.type in (cli._writable, cli._figure_path)]
+    outputs = [a for a in sub._actions if a.type in (options.writable, options.figure_path)]
     assert outputs, command
     for action in outputs:
         flag = action.option_strings[0]

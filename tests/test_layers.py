@@ -105,7 +105,7 @@ def test_no_cycles():
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
+                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(t):], t]))
             if t not in state:
                 visit(t)
         stack.pop()
