@@ -1,22 +1,9 @@
 """The package's imports go one way: a test that reads them (ast) and fails on an upward import,
 a cycle or a private name taken from another module, and checks that `import equarx_ref`
-stays light.
-
-The layers, bottom first (a module may import from its own folder and from the layers below):
-
-    formats, devices, _checks           the element grids and formats; the mesh
-    quantize, schedule                  the quantizer and its wire codec; who sends what, when
-    models, remedies                    bytes, error and time read off a schedule; rotation
-    kernels                             the Pallas TPU ring and fused hop
-    collectives                         all_reduce, AllReduce: the executor
-    outliers, autodiff                  collectives with static ranges; derivatives
-    gemma                               the tensor-parallel model that uses them
-    runs, viz, data                     what the commands run; every figure; stored results
-    multihost                           the same runs as several processes
-    cli                                 the command line
-
-Every import counts, lazy ones too: an import inside a function may keep a module light to
-load, never hide a cycle. The package's `__init__` sits on top (it re-exports).
+stays light. The layers are `docs/gen/layout.LAYERS` (the contributing page draws them):
+a module may import from its own folder and from the layers below. Every import counts, lazy
+ones too: an import inside a function may keep a module light to load, never hide a cycle.
+The package's `__init__` sits on top (it re-exports).
 """
 
 import ast
@@ -25,22 +12,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from test_docs import _docs_gen  # tests/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "equarx_ref"
 
-LAYERS = [
-    {"formats", "devices", "_checks"},
-    {"quantize", "schedule"},
-    {"models", "remedies"},
-    {"kernels"},
-    {"collectives"},
-    {"outliers", "autodiff"},
-    {"gemma"},
-    {"runs", "viz", "data"},
-    {"multihost"},
-    {"cli"},
-]
-RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+LAYOUT = _docs_gen("layout")
+RANK = {unit: i for i, (units, _) in enumerate(LAYOUT.LAYERS) for unit in units}
 
 
 def _name(path: Path) -> str:
@@ -144,3 +122,16 @@ def test_import_equarx_ref_is_light():
                               "equarx_ref.runs", "equarx_ref.multihost", "equarx_ref.outliers",
                               "jax.experimental.pallas"))]
     assert not heavy, f"import equarx_ref loads {heavy}"
+
+
+def test_the_package_essay_gives_the_core_and_its_size():
+    """The package docstring names the five core files and their lines of code (within 10%)."""
+    import re
+
+    import equarx_ref
+
+    doc = equarx_ref.__doc__
+    assert all(f"{name}.py" in doc for name in LAYOUT.CORE), doc
+    stated = int(re.search(r"about ([\d,]+) lines of code", doc).group(1).replace(",", ""))
+    code = sum(c for _, _, c, _ in LAYOUT.core())
+    assert abs(stated - code) <= 0.1 * code, f"the essay says {stated} lines of code; now {code}"
