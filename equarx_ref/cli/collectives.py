@@ -44,6 +44,7 @@ def add_demo(sub) -> None:
 def cmd_demo(args) -> int:
     import dataclasses
 
+    from ..formats import UNQUANTIZED
     from ..runs.demo import demo
 
     out = sys.stderr if args.json == "-" else sys.stdout
@@ -53,7 +54,7 @@ def cmd_demo(args) -> int:
     print(f"{report['devices']}; {args.size} bf16 values per device", file=out)
     cells = [[r.algorithm, r.format, f"{r.bits_per_element:g}", f"{r.bytes_sent:,}",
               f"{r.byte_ratio:.2f}x", f"{r.rel_error:.2e}",
-              "-" if r.format == "bf16" else f"{r.predicted_error:.2e}",
+              "-" if r.format == UNQUANTIZED else f"{r.predicted_error:.2e}",
               f"{r.max_error:.2e}", f"{r.time_ratio:.2f}", r.note] for r in rows]
     print(table(["algorithm", "format", "bits/el", "bytes/device", "vs bf16 ring",
                  "rel err", "theory", "max err", "CPU time", "note"], cells), file=out)

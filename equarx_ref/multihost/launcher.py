@@ -41,6 +41,7 @@ import threading
 import time
 
 from .._checks import count
+from ..formats import BYTE_LADDER, UNQUANTIZED
 from . import network
 from .worker import DEVICE_COUNT_FLAG
 
@@ -48,7 +49,7 @@ __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "HOST_MEMOR
            "HOST_START_CPU_S", "run", "worker_env"]
 
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot")
-DEFAULT_FORMATS = ("bf16", "int8", "int4")
+DEFAULT_FORMATS = BYTE_LADDER
 DEFAULT_SIZES = tuple(1 << (20 + i) for i in range(7))  # 1 MiB .. 64 MiB per host
 HOST_MEMORY = 768 << 20  # peak resident bytes of one host besides its messages (measured: 702 MiB)
 HOST_START_CPU_S = 1.0  # CPU seconds for one host to import JAX and start (measured: 0.7 s)
@@ -243,8 +244,8 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
         if a not in algorithms_ok:
             raise ValueError(f"unknown algorithm {a!r}; choose from {algorithms_ok}")
     formats = [format_label(parse_format(f)) for f in formats]
-    configs = [("ring", "bf16")] + [(a, f) for a in algorithms for f in formats
-                                    if (a, f) != ("ring", "bf16")]
+    configs = [("ring", UNQUANTIZED)] + [(a, f) for a in algorithms for f in formats
+                                         if (a, f) != ("ring", UNQUANTIZED)]
     rate = network.parse_rate(link) if link is not None else None
     if rate and os.geteuid() != 0:
         print("equarx-ref: --link needs root (network namespaces): running on loopback, "
@@ -351,7 +352,7 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, net_
                 reference is None or reference["digests"][key] in digests),
         })
     base = {r["message_bytes"]: r["seconds"] for r in rows
-            if (r["algorithm"], r["format"]) == ("ring", "bf16")}
+            if (r["algorithm"], r["format"]) == ("ring", UNQUANTIZED)}
     for r in rows:
         r["speedup_vs_bf16"] = base[r["message_bytes"]] / r["seconds"]
         r["compute_seconds"] = max(0.0, r["seconds"] - r["link_seconds"])

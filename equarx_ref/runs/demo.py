@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..collectives import all_reduce
 from ..devices import describe_devices, make_mesh, setup_devices
-from ..formats import Format, parse_format
+from ..formats import COMPARED_FORMATS, Format, parse_format
 from ..models.hlo import hlo_wire_bytes
 from ..models.predict import predicted_relative_error, wire_bytes
 from ..schedule import ALGORITHMS
@@ -35,7 +35,7 @@ from .timing import medians, time_calls
 __all__ = ["DEMO_FORMATS", "Row", "compare_collectives", "demo"]
 
 DEMO_FORMATS: dict[str, Format | None] = {
-    name: parse_format(name) for name in ("bf16", "int8", "int4", "fp8_e4m3")}
+    name: parse_format(name) for name in COMPARED_FORMATS}
 
 
 @dataclasses.dataclass
