@@ -48,8 +48,9 @@ from .. import Format, all_reduce, hlo_wire_bytes, wire_bytes
 from ..autodiff import reduce_tree
 from ..devices import make_mesh
 
-__all__ = ["BASELINE", "VARIANTS", "TrainConfig", "adam_init", "adam_update", "char_windows",
-           "gradient_tell", "init_params", "loss_fn", "source_digest", "summarize", "train"]
+__all__ = ["BASELINE", "VARIANTS", "TrainConfig", "adam_init", "adam_update", "baseline_gradients",
+           "char_windows", "experiment_data", "gradient_tell", "init_params", "loss_fn",
+           "seed_inputs", "source_digest", "summarize", "train"]
 
 INT4 = Format.int4()
 #: The variants: `all_reduce` keywords ("sr": stochastic rounding with a key per step).
@@ -171,7 +172,7 @@ def _flat(tree) -> jax.Array:
 class TrainConfig:
     """The experiment's sizes (defaults: the stored run)."""
 
-    def __init__(self, steps=300, seeds=3, batch=256, context=8, embed=10, hidden=64, lr=1e-2,
+    def __init__(self, steps=300, seeds=3, batch=256, context=8, embed=10, hidden=64, lr=3e-3,
                  eval_every=25):
         self.steps, self.seeds, self.batch = steps, seeds, batch
         self.context, self.embed, self.hidden, self.lr = context, embed, hidden, lr
@@ -209,12 +210,14 @@ def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
                                  out_specs=(P(), P(), P()), check_vma=True))
 
 
-def _wire(variant: dict, n: int, p: int, mesh, params) -> tuple[int, int]:
+def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int, int | None]:
     """Bytes one device sends per step: the model (wire_bytes) and the compiled HLO."""
     kw, _, dtype = _split(variant)
     fmt, algorithm = kw.get("fmt"), kw.get("algorithm", "ring")
     model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype or "float32",
                        hop_bits=kw.get("hop_bits", "uniform"))
+    if not check:
+        return model, None
     stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((p, *x.shape), x.dtype), params)
     f = jax.jit(jax.shard_map(
         lambda g: reduce_gradients(jax.tree.map(lambda x: x[0], g), AXIS, variant,
@@ -224,9 +227,61 @@ def _wire(variant: dict, n: int, p: int, mesh, params) -> tuple[int, int]:
     return model, int(sum(hlo_wire_bytes(hlo, p).values()))
 
 
+def experiment_data(cfg: TrainConfig) -> dict:
+    """The windows of both texts, the vocabulary size, the parameter shapes and count."""
+    train_text, val_text = _texts()
+    vocab = "".join(sorted(set(train_text) | set(val_text)))
+    shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), len(vocab) + 1, cfg.context,
+                                                cfg.embed, cfg.hidden))
+    return {"train": char_windows(train_text, vocab, cfg.context),
+            "val": char_windows(val_text, vocab, cfg.context), "vocab_size": len(vocab) + 1,
+            "shapes": shapes, "parameters": int(sum(x.size for x in jax.tree.leaves(shapes)))}
+
+
+def seed_inputs(cfg: TrainConfig, seed: int, data: dict):
+    """Seed `seed`'s initial parameters, Adam state and batches [steps, batch, ...]: the same
+    for every variant (paired seeds)."""
+    key = jax.random.key(seed)
+    params = init_params(jax.random.fold_in(key, 1), data["vocab_size"], cfg.context, cfg.embed,
+                         cfg.hidden)
+    picks = jax.random.randint(jax.random.fold_in(key, 2), (cfg.steps, cfg.batch), 0,
+                               len(data["train"][1]))
+    ctx, tgt = (jnp.asarray(a)[picks] for a in data["train"])
+    return params, adam_init(params), ctx, tgt
+
+
+def baseline_gradients(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+                       devices=None):
+    """Yield (step, per-device gradients [p, n] float64) of the f32 baseline's run of seed
+    `seed` just before the steps `at` (multiples of `eval_every`; `steps` is after the last)."""
+    cfg = config or TrainConfig()
+    devices = list(devices if devices is not None else jax.devices())
+    p = len(devices)
+    data = experiment_data(cfg)
+    params, state, ctx, tgt = seed_inputs(cfg, seed, data)
+    chunk = _make_chunk(make_mesh(devices, (AXIS,)), VARIANTS[BASELINE], cfg, p)
+    per_device = jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0)))
+    key = jax.random.key(seed)
+    for c in range(cfg.steps // cfg.eval_every + 1):
+        step = c * cfg.eval_every
+        if step in at:
+            i = min(step, cfg.steps - 1)  # after the last step: the last batch again
+            g = per_device(params, ctx[i].reshape(p, -1, cfg.context), tgt[i].reshape(p, -1))
+            yield step, np.stack([np.asarray(_flat(jax.tree.map(lambda x, d=d: x[d], g)),
+                                             np.float64) for d in range(p)])
+        if step < cfg.steps:
+            sl = slice(step, step + cfg.eval_every)
+            params, state, _ = chunk(params, state, ctx[sl], tgt[sl],
+                                     jax.random.fold_in(key, 3 + c))
+
+
 def train(variants: list[str] | None = None, *, config: TrainConfig | None = None,
-          devices=None, progress=None) -> dict:
-    """Run every variant on every seed; return the JSON-able report (see `summarize`)."""
+          devices=None, check_bytes: bool = True, progress=None) -> dict:
+    """Run every variant on every seed; return the JSON-able report (see `summarize`).
+
+    `check_bytes`: also compile each variant's gradient AllReduce alone and count the bytes
+    its HLO sends (`hlo_wire_bytes`, stored beside `wire_bytes`); a few seconds a variant.
+    """
     cfg = config or TrainConfig()
     names = list(VARIANTS) if variants is None else list(variants)
     for name in names:
@@ -242,26 +297,18 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
     if cfg.batch % p:
         raise ValueError(f"batch ({cfg.batch}) must be a multiple of the devices ({p})")
     mesh = make_mesh(devices, (AXIS,))
-    train_text, val_text = _texts()
-    vocab = "".join(sorted(set(train_text) | set(val_text)))
-    tr = char_windows(train_text, vocab, cfg.context)
-    va = char_windows(val_text, vocab, cfg.context)
+    data = experiment_data(cfg)
+    tr, va = data["train"], data["val"]
     full_loss = jax.jit(loss_fn)
-    shapes = init_params(jax.random.key(0), len(vocab) + 1, cfg.context, cfg.embed, cfg.hidden)
-    n = sum(x.size for x in jax.tree.leaves(shapes))
+    n = data["parameters"]
     rows, t0 = {}, time.perf_counter()
     for name in names:
         chunk = _make_chunk(mesh, VARIANTS[name], cfg, p)
-        model_bytes, hlo_bytes = _wire(VARIANTS[name], n, p, mesh, shapes)
+        model_bytes, hlo_bytes = _wire(VARIANTS[name], n, p, mesh, data["shapes"], check_bytes)
         runs = []
         for seed in range(cfg.seeds):
             key = jax.random.key(seed)
-            params = init_params(jax.random.fold_in(key, 1), len(vocab) + 1, cfg.context,
-                                 cfg.embed, cfg.hidden)
-            state = adam_init(params)
-            picks = jax.random.randint(jax.random.fold_in(key, 2), (cfg.steps, cfg.batch), 0,
-                                       len(tr[1]))
-            ctx, tgt = jnp.asarray(tr[0])[picks], jnp.asarray(tr[1])[picks]
+            params, state, ctx, tgt = seed_inputs(cfg, seed, data)
             curve, losses, errs, flushed = [], [], [], []
             for c in range(cfg.steps // cfg.eval_every):
                 sl = slice(c * cfg.eval_every, (c + 1) * cfg.eval_every)
@@ -286,9 +333,9 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
         rows[name] = {"bits": fmt.bits_per_element if fmt is not None else
                       8.0 * jnp.dtype(dtype or "float32").itemsize,
                       "wire_bytes": model_bytes, "hlo_wire_bytes": hlo_bytes, "runs": runs}
-    return summarize({"config": {**cfg.as_dict(), "devices": p, "parameters": int(n),
-                                 "vocab": len(vocab) + 1, "train_chars": len(train_text),
-                                 "val_chars": len(val_text)},
+    return summarize({"config": {**cfg.as_dict(), "devices": p, "parameters": n,
+                                 "vocab": data["vocab_size"], "train_chars": len(tr[1]),
+                                 "val_chars": len(va[1])},
                       "variants": rows, "seconds": round(time.perf_counter() - t0, 1),
                       "source_digest": source_digest()})
 
