@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import Format, dequantize, quantize
-from ..hops import hop_plan
+from ..models.hops import hop_plan
 from . import train as tr
 
 __all__ = ["hop_table", "measure"]
