@@ -44,8 +44,8 @@ from jax import lax
 
 from ._checks import count
 
-__all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "checks_vma", "reduce_tree",
-           "varying_axes"]
+__all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "check_tree_args",
+           "checks_vma", "reduce_tree", "varying_axes"]
 
 #: Values of `all_reduce(..., backward=)`: psum's exact cotangent, or the quantized collective.
 BACKWARDS = ("psum", "quantized")
@@ -86,13 +86,47 @@ def bucket_leaves(sizes: list[int], itemsize: int, bucket_bytes: int | None) -> 
     return buckets
 
 
+def check_tree_args(backward: str, bucket_bytes: int | None, dtype):
+    """The pytree keywords of `all_reduce`, checked: the buffer dtype (None: the leaves')."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if bucket_bytes is not None:
+        count(bucket_bytes, "bucket_bytes")
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a floating-point dtype, got {dtype!r}") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+    return dtype
+
+
 def _leaf(path, value) -> jax.Array:
-    x = jnp.asarray(value)  # Python and NumPy scalars become (weakly typed) arrays
+    where = jax.tree_util.keystr(path) or "x"
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        x = jnp.asarray(value)  # Python and NumPy scalars become (weakly typed) arrays
+    except TypeError:
+        raise TypeError(f"all_reduce needs floating-point arrays, got {type(value).__name__} "
+                        f"at {where}") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        where = jax.tree_util.keystr(path) or "x"
         raise TypeError(f"all_reduce needs floating-point arrays, got dtype {x.dtype} at {where}; "
                         "quantized sums of integers are not defined here (cast to float first)")
     return x
+
+
+def _buffer_dtype(leaves, dtype):
+    if dtype is not None:
+        return dtype
+    try:
+        return jnp.dtype(jnp.result_type(*leaves))
+    except (TypeError, ValueError):  # e.g. float8 with float32: no implicit promotion
+        kinds = sorted({str(v.dtype) for v in leaves})
+        raise TypeError(f"the leaves' dtypes {kinds} have no common dtype; pass dtype= (the "
+                        "dtype of the buffer sent, e.g. dtype='float32')") from None
 
 
 def _differentiable(reduce, psum, quantized_backward: bool):
@@ -120,19 +154,17 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
     """Sum a pytree over `axes` with `reduce(flat, bucket) -> flat` per bucket, differentiably.
 
     `reduce` gets one bucket as a 1-D array of `dtype` and its index (to fold into a rounding
-    key) and returns the sum in the same dtype; it is the forward only. The tangent is
-    `lax.psum`'s, the cotangent psum's transpose (`backward="psum"`) or `reduce` itself
-    (`backward="quantized"`, where psum's transpose communicates).
+    key; None when there is one bucket) and returns the sum in the same dtype; it is the
+    forward only. The tangent is `lax.psum`'s, the cotangent psum's transpose
+    (`backward="psum"`) or `reduce` itself (`backward="quantized"`, where psum's transpose
+    communicates).
     """
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    dtype = check_tree_args(backward, bucket_bytes, dtype)
     paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [_leaf(path, v) for path, v in paths]
     if not leaves:
         return tree
-    buf_dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(*leaves)
-    if not jnp.issubdtype(buf_dtype, jnp.floating):
-        raise TypeError(f"dtype must be a floating-point dtype, got {buf_dtype}")
+    buf_dtype = _buffer_dtype(leaves, dtype)
     group = axes if len(axes) > 1 else axes[0]
     vma = checks_vma(axes)
     invariant = vma and any(not set(axes) <= varying_axes(v) for v in leaves)
@@ -142,7 +174,7 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             f"invariant over it: e.g. gradients jax.grad already summed because the params were "
             f"replicated); summing it multiplies it by {lax.axis_size(group)}. In a data-parallel "
             f"step call lax.pcast(params, {group!r}, to='varying') before jax.grad."),
-            stacklevel=3)
+            stacklevel=4)
     psum = lambda t: lax.psum(t, group)  # noqa: E731
     out = [None] * len(leaves)
     buckets = bucket_leaves([v.size for v in leaves], buf_dtype.itemsize, bucket_bytes)
@@ -150,7 +182,9 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
         flat = jnp.concatenate([leaves[i].reshape(-1).astype(buf_dtype) for i in members]) \
             if len(members) > 1 else leaves[members[0]].reshape(-1).astype(buf_dtype)
         # under check_vma psum^T sends nothing: the quantized backward is psum's there
-        fn = _differentiable(lambda v, b=b: reduce(v, b), psum, backward == "quantized" and not vma)
+        index = b if len(buckets) > 1 else None
+        fn = _differentiable(lambda v, i=index: reduce(v, i), psum,
+                             backward == "quantized" and not vma)
         total = fn(flat)
         start = 0
         for i in members:

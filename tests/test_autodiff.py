@@ -1,6 +1,7 @@
-"""all_reduce under autodiff and on pytrees: psum's derivative (straight-through), exactly where
-the backward is unquantized and within the error model where it is quantized; pytrees flattened
-into buckets whose bytes are those of the HLO; the invariant-gradient trap."""
+"""eq.all_reduce under autodiff, vmap and on pytrees: psum's derivative (straight-through),
+exactly where the backward is unquantized and within the error model where it is quantized;
+pytrees flattened into buckets whose bytes are those of the HLO; the invariant-gradient trap;
+fp8 input, scalars and bad keywords."""
 
 import functools
 import warnings
@@ -14,20 +15,14 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
-from equarx_ref.autodiff import InvariantInputWarning, reduce_tree
+from equarx_ref.autodiff import InvariantInputWarning
 
 AX = "x"
 INT8 = eq.Format.int8()
 ALGORITHMS = ["ring", "bidir_ring", "two_shot", "one_shot"]
 
 
-def ar(x, axis=AX, *, backward="psum", bucket_bytes=None, dtype=None, key=None, **kw):
-    """all_reduce of a pytree with the straight-through derivative (the autodiff rule)."""
-    if kw.get("algorithm") == "psum":
-        return lax.psum(x, axis)
-    return reduce_tree(x, (axis,), lambda f, b: eq.all_reduce(
-        f, axis, key=None if key is None else jax.random.fold_in(key, b), **kw),
-        backward=backward, bucket_bytes=bucket_bytes, dtype=dtype)
+ar = functools.partial(eq.all_reduce, axis_name=AX)  # the public collective, on pytrees too
 
 
 @functools.cache
@@ -195,3 +190,58 @@ def test_scalars_and_bad_leaves():
     assert float(got["s"]) == 16.0
     with pytest.raises(TypeError, match=r"floating-point arrays, got dtype int32 at \['i'\]"):
         smap(lambda v: ar({"i": jnp.arange(3), "v": v[0]}, fmt=INT8))(X)
+
+
+def test_vmap_and_pmap_axes_work_like_psum():
+    """Under vmap(axis_name=...) (and pmap) the same schedules run: the gathers are typed
+    invariant only over mesh axes. Unquantized: psum's sum; int8: within the model."""
+    x = X[:4]
+    want = np.asarray(jax.vmap(lambda r: lax.psum(r, "b"), axis_name="b")(x))
+    for algorithm in ALGORITHMS:
+        got = jax.vmap(lambda r, a=algorithm: eq.all_reduce(r, "b", fmt=None, algorithm=a),
+                       axis_name="b")(x)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
+                                   err_msg=algorithm)
+        q = jax.vmap(lambda r, a=algorithm: eq.all_reduce(r, "b", algorithm=a),
+                     axis_name="b")(x)
+        assert rel(q[0], want[0]) < 1.5 * eq.predicted_relative_error(4, fmt=INT8,
+                                                                       algorithm=algorithm)
+    g = jax.vmap(jax.grad(lambda r: jnp.sum(W * eq.all_reduce(r, "b"))), axis_name="b")(x)
+    np.testing.assert_array_equal(np.asarray(g), np.tile(np.asarray(W) * 4, (4, 1)))
+    pm = jax.pmap(lambda r: eq.all_reduce(r, "b", fmt=None), axis_name="b")(X)
+    np.testing.assert_allclose(np.asarray(pm), np.tile(np.asarray(X.sum(0)), (8, 1)), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="unknown mesh axis 'c'"):
+        jax.vmap(lambda r: eq.all_reduce(r, "c"), axis_name="b")(x)
+
+
+def test_fp8_input_accumulates_in_f32_and_the_public_keywords_are_checked():
+    """A float8 buffer travels as one byte a value (fmt=None) or is quantized from f32 sums;
+    the result comes back in float8. Bad keywords: one line each, from all_reduce and
+    AllReduce alike (one set of rules)."""
+    f8 = X.astype(jnp.float8_e4m3fn)
+    exact = np.asarray(f8.astype(jnp.float32).sum(0))
+    for fmt in (None, INT8):
+        got = smap(lambda v, f=fmt: ar(v[0], fmt=f))(f8)
+        assert got.dtype == jnp.float8_e4m3fn
+        assert rel(got.astype(jnp.float32), exact) < 0.07, fmt  # e4m3: 3 mantissa bits
+    for kw, err, msg in [
+            ({"backward": "int8"}, ValueError, "backward must be one of"),
+            ({"bucket_bytes": 0}, ValueError, "bucket_bytes must be >= 1"),
+            ({"dtype": "int8"}, TypeError, "dtype must be a floating-point dtype")]:
+        with pytest.raises(err, match=msg):
+            smap(lambda v, kw=kw: ar(v[0], **kw))(X)
+        with pytest.raises(err, match=msg):
+            eq.AllReduce(**kw)
+    with pytest.raises(TypeError, match="have no common dtype; pass dtype="):
+        smap(lambda v: ar({"a": v[0], "b": v[0].astype(jnp.float8_e4m3fn)}))(X)
+    ok = smap(lambda v: ar({"a": v[0], "b": v[0].astype(jnp.float8_e4m3fn)},
+                           dtype="float32"))(X)
+    assert ok["b"].dtype == jnp.float8_e4m3fn
+    with pytest.raises(TypeError, match="floating-point arrays, got str at x"):
+        smap(lambda v: ar("a"))(X)
+    a, b = eq.AllReduce(fmt=None, dtype=jnp.bfloat16), eq.AllReduce(fmt=None, dtype="bfloat16")
+    assert a == b and hash(a) == hash(b) and str(a) == "ring bf16 as bfloat16"
+    np.testing.assert_array_equal(np.asarray(smap(lambda v: a(v[0], AX))(X)),
+                                  np.asarray(smap(lambda v: ar(v[0], fmt=None,
+                                                               dtype="bfloat16"))(X)))

@@ -15,20 +15,19 @@ k = 1 .. p - 1 on the reduce hops, p in the gather) with the format each hop use
 To save scale bits within the same bytes the plan takes blocks of 64 or 128 values on most
 hops; on gradients, whose blocks mix a few large coordinates with many small ones, a larger
 block flushes more of them (`measure` reports it), which the Gaussian L2 model does not see.
-The measurement uses the per-device gradients of the f32 baseline of `train` at a few steps.
+The measurement (`train.hop_statistics`) uses the per-device gradients of the f32 baseline of
+`train` at a few steps.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import Format, dequantize, quantize
 from ..models.hops import hop_plan
-from . import train as tr
 
-__all__ = ["hop_table", "measure"]
+__all__ = ["hop_table"]
 
 
 def _loss_of(fmt: Format, s: np.ndarray) -> tuple[float, float]:
@@ -56,14 +55,3 @@ def hop_table(grads: np.ndarray, fmt: Format) -> list[dict]:
                      "adaptive": str(formats[k - 1]), "adaptive_flushed": af,
                      "adaptive_error": ae})
     return rows
-
-
-def measure(config: tr.TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
-            fmt: Format | None = None, devices=None) -> dict:
-    """Train the f32 baseline (seed `seed`) and tabulate `hop_table` at the steps `at`."""
-    fmt = fmt or Format.int4()
-    devices = list(devices if devices is not None else jax.devices())
-    out = {}
-    for step, grads in tr.baseline_gradients(config, at=at, seed=seed, devices=devices):
-        out[step] = hop_table(grads, fmt)
-    return {"format": str(fmt), "devices": len(devices), "steps": out}

@@ -18,7 +18,7 @@ The step, inside `shard_map(check_vma=True)` over replicated parameters:
 
     pv = lax.pcast(params, axis, to="varying")       # without it, grad returns the psum already
     loss, g = value_and_grad(loss_fn)(pv, batch_i)   # this device's gradient (varying)
-    g = all_reduce(g, axis, fmt=...) / p             # the pytree, one bucket, quantized
+    g = all_reduce(g, axis, fmt=...) / p             # the pytree, one buffer, quantized
     params = adam(params, g)
 
 Measured per variant: the change of final train and validation loss against the f32 psum
@@ -34,8 +34,10 @@ library, so it takes no dependency for it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
+from importlib import resources
 from pathlib import Path
 
 import jax
@@ -45,12 +47,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .. import Format, all_reduce, hlo_wire_bytes, wire_bytes
-from ..autodiff import reduce_tree
 from ..devices import make_mesh
+from .hopstats import hop_table
 
-__all__ = ["BASELINE", "VARIANTS", "TrainConfig", "adam_init", "adam_update", "baseline_gradients",
-           "char_windows", "experiment_data", "gradient_tell", "init_params", "loss_fn",
-           "seed_inputs", "source_digest", "summarize", "train"]
+__all__ = ["BASELINE", "COMMAND", "FILES", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
+           "baseline_gradients", "char_windows", "experiment_data", "gradient_tell",
+           "hop_statistics", "init_params", "loss_fn", "reduce_gradients", "seed_inputs",
+           "source_digest", "stored", "summarize", "train", "write"]
 
 INT4 = Format.int4()
 #: The variants: `all_reduce` keywords ("sr": stochastic rounding with a key per step).
@@ -131,25 +134,20 @@ def adam_update(params, grads, state, lr: float, b1=0.9, b2=0.999, eps=1e-8):
 # ---- the gradient AllReduce --------------------------------------------------------------
 
 
-def _split(variant: dict) -> tuple[dict, bool, object]:
+def _keywords(variant: dict) -> tuple[dict, bool]:
+    """A variant's `all_reduce` keywords, and whether it rounds stochastically."""
     kw = dict(variant)
-    sr, dtype = kw.pop("sr", False), kw.pop("dtype", None)
-    return kw, sr, dtype
+    sr = kw.pop("sr", False)
+    if kw.get("fmt") is not None:
+        kw.setdefault("min_bytes", 0)  # gradients are small here: never gate them
+    return kw, sr
 
 
 def reduce_gradients(grads, axis: str, variant: dict, key=None):
-    """The sum over `axis` of a gradient pytree with one variant's collective."""
-    kw, sr, dtype = _split(variant)
-    if kw.get("algorithm") == "psum":
-        return lax.psum(grads, axis)
-    if kw.get("fmt") is not None:
-        kw.setdefault("min_bytes", 0)  # gradients are small here: never gate them
-
-    def reduce(flat, bucket):
-        k = jax.random.fold_in(key, bucket) if sr else None
-        return all_reduce(flat, axis, key=k, **kw)
-
-    return reduce_tree(grads, (axis,), reduce, dtype=dtype)
+    """The sum over `axis` of a gradient pytree with one variant's collective: `all_reduce`
+    of the whole pytree (one buffer), its derivative psum's."""
+    kw, sr = _keywords(variant)
+    return all_reduce(grads, axis, key=key if sr else None, **kw)
 
 
 def gradient_tell(grads, axis: str) -> jax.Array:
@@ -212,9 +210,9 @@ def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
 
 def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int, int | None]:
     """Bytes one device sends per step: the model (wire_bytes) and the compiled HLO."""
-    kw, _, dtype = _split(variant)
+    kw, _ = _keywords(variant)
     fmt, algorithm = kw.get("fmt"), kw.get("algorithm", "ring")
-    model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype or "float32",
+    model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=kw.get("dtype", "float32"),
                        hop_bits=kw.get("hop_bits", "uniform"))
     if not check:
         return model, None
@@ -328,10 +326,10 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
             if progress:
                 progress(f"{name} seed {seed}: val {curve[-1]:.4f} "
                          f"({time.perf_counter() - t0:.0f} s)")
-        kw, _, dtype = _split(VARIANTS[name])
+        kw, _ = _keywords(VARIANTS[name])
         fmt = kw.get("fmt")
         rows[name] = {"bits": fmt.bits_per_element if fmt is not None else
-                      8.0 * jnp.dtype(dtype or "float32").itemsize,
+                      8.0 * jnp.dtype(kw.get("dtype", "float32")).itemsize,
                       "wire_bytes": model_bytes, "hlo_wire_bytes": hlo_bytes, "runs": runs}
     return summarize({"config": {**cfg.as_dict(), "devices": p, "parameters": n,
                                  "vocab": data["vocab_size"], "train_chars": len(tr[1]),
@@ -368,13 +366,68 @@ def summarize(report: dict) -> dict:
 
 def source_digest() -> str:
     """sha256 (16 hex) of the package sources this run executes: the core modules, the
-    remedies, the texts and this module (not the CLI, the docs, Gemma's model or the kernels)."""
+    models, the remedies, the texts, hopstats and this module (not the CLI, the docs, Gemma's
+    model or the kernels)."""
     root = Path(__file__).resolve().parent.parent
     skip = ("cli.py", "viz", "multihost", "outliers", "kernels", "runs", "gemma")
     files = [f for f in sorted(root.rglob("*.py"))
              if f.relative_to(root).parts[0] not in skip]
-    files += [root / "gemma" / "calibtext.py", root / "gemma" / "evaltext.py", Path(__file__)]
+    files += [root / "gemma" / "calibtext.py", root / "gemma" / "evaltext.py",
+              root / "runs" / "hopstats.py", Path(__file__)]
     h = hashlib.sha256()
     for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def hop_statistics(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+                   fmt: Format | None = None, devices=None) -> dict:
+    """Train the f32 baseline (seed `seed`) and tabulate `hopstats.hop_table` of its
+    per-device gradients at the steps `at`: the partial sums a ring quantizes, hop by hop."""
+    fmt = fmt or INT4
+    devices = list(devices if devices is not None else jax.devices())
+    steps = {str(step): hop_table(grads, fmt)
+             for step, grads in baseline_gradients(config, at=at, seed=seed, devices=devices)}
+    return {"format": str(fmt), "devices": len(devices), "at": list(at), "seed": seed,
+            "steps": steps, "source_digest": source_digest()}
+
+
+#: The stored results, package data read by chapter 08: the training run and the hop table.
+FILES = ("train.json", "train-hops.json")
+#: The command that makes them (the `equarx-ref train` subcommand will call `write`).
+COMMAND = "python -m equarx_ref.runs.train"
+
+
+def write(directory: str | Path | None = None, *, config: TrainConfig | None = None,
+          devices=None, progress=print) -> dict[str, dict]:
+    """Run `train` (every variant) and `hop_statistics`, and write both as JSON (`FILES`) into
+    `directory` (default: the package's `runs/data/`, where `stored` reads them). Returns
+    them by file name. Each carries its command and the source digest."""
+    out = Path(directory) if directory is not None else Path(__file__).with_name("data")
+    out.mkdir(parents=True, exist_ok=True)
+    made = {FILES[0]: train(config=config, devices=devices, progress=progress),
+            FILES[1]: hop_statistics(config, devices=devices)}
+    for name, report in made.items():
+        report = {"command": COMMAND, **report}
+        (out / name).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        made[name] = report
+        if progress:
+            progress(f"wrote {out / name}")
+    return made
+
+
+def stored(name: str = FILES[0]) -> dict:
+    """A stored result shipped with the package (`FILES`), as `write` made it."""
+    if name not in FILES:
+        raise ValueError(f"no stored result {name!r}; choose one of {FILES}")
+    return json.loads(resources.files(__package__).joinpath("data", name)
+                      .read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..devices import setup_devices
+
+    setup_devices(8)
+    write(sys.argv[1] if len(sys.argv) > 1 else None)
