@@ -1,5 +1,7 @@
 """The data-parallel training experiment (runs/train.py), small: paired seeds, bytes, metrics."""
 
+import json
+
 import numpy as np
 
 import equarx_ref as eq
@@ -39,3 +41,22 @@ def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
     np.testing.assert_allclose(growth, np.sqrt(np.arange(1, 9)), rtol=0.03)
     # int4 flushes |x| < amax / 14: about 12% of Gaussian values (gradients: 36-45%)
     assert all(0.08 < x["uniform_flushed"] < 0.16 for x in rows), rows
+
+
+def test_write_makes_both_files_and_the_stored_run_is_complete(tmp_path):
+    """write() makes the two files stored() reads, each with its command and digest; the
+    shipped run holds every variant, its bytes equal to the HLO's."""
+    made = tr.write(tmp_path, variants=["int8 ring"], progress=None, devices=DEVICES,
+                    config=tr.TrainConfig(steps=10, seeds=1, batch=64, eval_every=10))
+    for name in tr.FILES:
+        on_disk = json.loads((tmp_path / name).read_text(encoding="utf-8"))
+        assert on_disk == json.loads(json.dumps(made[name]))
+        assert on_disk["command"] == tr.COMMAND
+        assert on_disk["source_digest"] == tr.source_digest()
+    assert list(made["train.json"]["variants"]) == ["f32 psum", "int8 ring"]
+    assert list(made["train-hops.json"]["steps"]) == ["0"]
+    run, hops = tr.stored(), tr.stored("train-hops.json")
+    assert run["command"] == hops["command"] == tr.COMMAND
+    assert list(run["variants"]) == list(tr.VARIANTS)
+    assert all(r["wire_bytes"] == r["hlo_wire_bytes"] for r in run["variants"].values())
+    assert len(hops["steps"]["300"]) == run["config"]["devices"]

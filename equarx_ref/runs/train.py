@@ -398,14 +398,14 @@ FILES = ("train.json", "train-hops.json")
 COMMAND = "python -m equarx_ref.runs.train"
 
 
-def write(directory: str | Path | None = None, *, config: TrainConfig | None = None,
-          devices=None, progress=print) -> dict[str, dict]:
-    """Run `train` (every variant) and `hop_statistics`, and write both as JSON (`FILES`) into
-    `directory` (default: the package's `runs/data/`, where `stored` reads them). Returns
-    them by file name. Each carries its command and the source digest."""
+def write(directory: str | Path | None = None, *, variants: list[str] | None = None,
+          config: TrainConfig | None = None, devices=None, progress=print) -> dict[str, dict]:
+    """Run `train` (every variant, or `variants`) and `hop_statistics`, and write both as JSON
+    (`FILES`) into `directory` (default: the package's `runs/data/`, where `stored` reads
+    them). Returns them by file name. Each carries its command and the source digest."""
     out = Path(directory) if directory is not None else Path(__file__).with_name("data")
     out.mkdir(parents=True, exist_ok=True)
-    made = {FILES[0]: train(config=config, devices=devices, progress=progress),
+    made = {FILES[0]: train(variants, config=config, devices=devices, progress=progress),
             FILES[1]: hop_statistics(config, devices=devices)}
     for name, report in made.items():
         report = {"command": COMMAND, **report}
