@@ -12,35 +12,13 @@ top-1; AllReduce site error), `quality` (every algorithm x format against the ex
 `report` (text table), `figures`, `crosscheck` (against Hugging Face transformers). Static int4
 AllReduce (`equarx_ref.outliers`): `calibrate` (ranges from `calibtext`, the quality table).
 
-`gguf` and `tokenizers` (extra `gemma`) are imported only when weights or the tokenizer load;
-the model modules load on first use of a name, so the texts import on their own.
+`gguf` and `tokenizers` (extra `gemma`) are imported only when weights or the tokenizer load.
 """
 
-import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the names below load on first use: `gemma.calibtext` and `gemma.evaltext`
-    # (plain text) import without the model, the weights or the tokenizer modules
-    from .config import PRESETS, Gemma3Config
-    from .parallel import ShardedParams, forward, shard_params
-    from .tokenizer import Tokenizer
-    from .weights import load_gguf
-
-_HOMES = {"PRESETS": "config", "Gemma3Config": "config", "ShardedParams": "parallel",
-          "forward": "parallel", "shard_params": "parallel", "Tokenizer": "tokenizer",
-          "load_gguf": "weights"}
-
-
-def __getattr__(name):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    try:  # a submodule: eq.gemma.calibrate works like `import equarx_ref.gemma.calibrate`
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from .config import PRESETS, Gemma3Config
+from .parallel import ShardedParams, forward, shard_params
+from .tokenizer import Tokenizer
+from .weights import load_gguf
 
 __all__ = [
            "PRESETS",

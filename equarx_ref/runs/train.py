@@ -48,6 +48,8 @@ from jax.sharding import PartitionSpec as P
 
 from .. import Format, all_reduce, hlo_wire_bytes, wire_bytes
 from ..devices import make_mesh
+from ..gemma.calibtext import CALIB_TEXT  # plain text: the model's own modules import cheaply
+from ..gemma.evaltext import EVAL_TEXT
 from .hopstats import hop_table
 
 __all__ = ["BASELINE", "COMMAND", "FILES", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
@@ -75,13 +77,6 @@ AXIS = "dp"
 
 
 # ---- data and model --------------------------------------------------------------------------
-
-
-def _texts() -> tuple[str, str]:
-    from ..gemma.calibtext import CALIB_TEXT  # plain text: no model, no weights
-    from ..gemma.evaltext import EVAL_TEXT
-
-    return CALIB_TEXT, EVAL_TEXT
 
 
 def char_windows(text: str, vocab: str, context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +222,7 @@ def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int
 
 def experiment_data(cfg: TrainConfig) -> dict:
     """The windows of both texts, the vocabulary size, the parameter shapes and count."""
-    train_text, val_text = _texts()
+    train_text, val_text = CALIB_TEXT, EVAL_TEXT
     vocab = "".join(sorted(set(train_text) | set(val_text)))
     shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), len(vocab) + 1, cfg.context,
                                                 cfg.embed, cfg.hidden))
