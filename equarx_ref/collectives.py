@@ -46,6 +46,13 @@ Remedies for the error of re-quantized partial sums (compared in `equarx-ref swe
 - `hop_bits="adaptive"`: a different integer width (and block) per hop, more bits where the
   partial sums are larger, no more bits per element than `fmt` (`hops.py`).
 
+Derivative, pytrees, vmap (`autodiff.py`). Rounding has a zero derivative almost everywhere, so
+`all_reduce` defines its own: psum's (straight-through), the cotangent optionally sent through
+the same quantized collective (`backward="quantized"`). `x` may be a pytree (gradients): its
+leaves are flattened into one buffer of `dtype` (or buckets of `bucket_bytes`), one collective
+each. A leaf already invariant over the axis (gradients `jax.grad` already summed) warns. Under
+`vmap(axis_name=...)` and `pmap` the same code runs (gathers typed invariant only over mesh axes).
+
 `AllReduce(fmt=..., algorithm=..., num_chunks=...)` packages one configuration as a frozen,
 hashable callable `(x, axis_name) -> sum`: pass it where a function expects a collective (the
 Gemma model's `all_reduce=`), and equal configurations share one compiled program. A jax key is
@@ -66,6 +73,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._checks import count
+from .autodiff import check_tree_args, reduce_tree
 from .formats import Format
 from .models.cost import default_min_bytes
 from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
@@ -89,8 +97,8 @@ class _Wire:
 
     GATHER = 1 << 20  # the gather phase's "time" in the key
 
-    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me):
-        self.plan, self.key, self.me = plan, key, me
+    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=()):
+        self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
         self.default = Codec(fmt, dtype)
         self.align = plan.align if plan is not None else self.default.align
         self.codecs = {} if plan is None else {
@@ -110,6 +118,12 @@ class _Wire:
 
 
 # ---- executing a schedule ------------------------------------------------------------------
+
+
+def _all_gather(x: jax.Array, name: str, mesh_axes, **kw) -> jax.Array:
+    """lax.all_gather, its result typed invariant over a mesh axis (`to=` exists only for
+    mesh axes: under `vmap(axis_name=...)` or `pmap` it is left out)."""
+    return lax.all_gather(x, name, **kw, **({"to": "invarying"} if name in mesh_axes else {}))
 
 
 def _table(values) -> jax.Array:
@@ -186,8 +200,8 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
                                               0, 0), m)
             held.store(_rank_order_sum(got)[None], lambda d: (d,))
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
-            got = lax.all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
-                                 axis=0, to="invarying")
+            got = _all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
+                              wire.mesh_axes, axis=0)
             held.store(_rank_order_sum(codec.decode(got, m)), everything)  # same everywhere
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
@@ -201,7 +215,7 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
     codec = wire.codec(None)
     buf = codec.encode(held.rows(owned.__getitem__), wire.rounding(None))  # [k, bytes]
     for step in (s for s in sched.steps if s.phase == "gather"):
-        buf = lax.all_gather(buf, axes[step.axis], axis=0, tiled=False, to="invarying")
+        buf = _all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
     # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
     # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
     values = codec.decode(buf.reshape(p * k, -1), m)
@@ -231,21 +245,20 @@ def _axes(axis_name) -> tuple[str, ...]:
     return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
+def _mesh_axes(axes) -> tuple[str, ...]:
+    """Those of `axes` that are mesh axes (shard_map's), not `vmap`'s or `pmap`'s."""
+    names = set(jax.sharding.get_abstract_mesh().axis_names)
+    return tuple(a for a in axes if a in names)
+
+
 def invariant(x: jax.Array, axes) -> jax.Array:
     """x itself, typed as identical on every device (a gather over one device is free)."""
     if x.size == 0:
         return jnp.zeros(x.shape, x.dtype)  # a constant: the same everywhere
-    flat = x.reshape(-1)
+    flat, mesh_axes = x.reshape(-1), _mesh_axes(axes)
     for a in axes:
-        flat = lax.all_gather(flat, a, axis=0, tiled=True, to="invarying")
+        flat = _all_gather(flat, a, mesh_axes, axis=0, tiled=True)
     return flat.reshape(x.shape)
-
-
-def _check_input(x) -> None:
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"all_reduce needs a floating-point array, got dtype {dtype}; "
-                        "quantized sums of integers are not defined here (cast to float first)")
 
 
 def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
@@ -261,24 +274,43 @@ def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
                          "rotate=True and hop_bits='adaptive' need impl='xla'")
 
 
-def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
+def _check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bool,
+                  rotate: bool, hop_bits: str, impl: str, backward: str, bucket_bytes, dtype,
+                  shape=(1,), axes=("",)):
+    """The one set of argument rules, for `all_reduce` and `AllReduce`: the buffer dtype."""
+    check_algorithm(algorithm, fmt, shape, num_chunks)
+    if min_bytes is not None:
+        count(min_bytes, "min_bytes", minimum=0)
+    _check_remedies(fmt, stochastic, rotate, hop_bits)
+    _check_impl(impl, algorithm, axes, remedies=stochastic or rotate or hop_bits != "uniform")
+    return check_tree_args(backward, bucket_bytes, dtype)
+
+
+def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
                algorithm: str = "ring", num_chunks: int = 1, min_bytes: int | None = None,
                key: jax.Array | None = None, rotate: bool = False,
-               hop_bits: str = "uniform", impl: str = "xla") -> jax.Array:
-    """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`.
+               hop_bits: str = "uniform", impl: str = "xla", backward: str = "psum",
+               bucket_bytes: int | None = None, dtype=None):
+    """Sum `x` over the devices of `axis_name`, sending quantized data. Use inside `shard_map`
+    (or `vmap(axis_name=...)` / `pmap`), exactly where `lax.psum(x, axis_name)` would go.
 
     Args:
-        x: this device's float array (any shape); every device passes the same shape.
+        x: this device's float array (any shape), a Python float, or a pytree of them (e.g.
+            gradients: the leaves go as one buffer, or buckets, see `bucket_bytes`); every
+            device passes the same shapes.
         axis_name: a mesh axis, or a pair of axes (2D torus; "ring" and "bidir_ring" only).
-        fmt: the wire format (default int8, block 32, bf16 scale); None sends x's dtype as is.
+        fmt: the wire format (default int8, block 32, bf16 scale); None sends the buffer's
+            dtype as is.
         algorithm: "ring", "bidir_ring", "two_shot", "one_shot", or "psum" (lax.psum, fmt=None).
         num_chunks: pipeline depth for the ring family; the result does not depend on it.
-        min_bytes: the size gate: a message of fewer bytes (x.nbytes) runs unquantized, as
-            XLA's quantized AllReduce and vLLM's QuickReduce do below their thresholds. None
-            (default): the time model's crossover on a TPU (`cost.default_min_bytes`), 0 on
-            CPU devices, so on CPU every message is quantized. 0: never gate.
+        min_bytes: the size gate: a message of fewer bytes (the buffer's nbytes) runs
+            unquantized, as XLA's quantized AllReduce and vLLM's QuickReduce do below their
+            thresholds. None (default): the time model's crossover on a TPU
+            (`cost.default_min_bytes`), 0 on CPU devices, so on CPU every message is quantized.
+            0: never gate.
         key: a PRNG key: stochastic rounding on every quantization, independent per hop,
-            pipeline piece and device (`fold_in`); unbiased. None: round to nearest, even.
+            pipeline piece and device (`fold_in`), and per bucket; unbiased. None: round to
+            nearest, even.
         rotate: rotate every block by a shared randomized Hadamard transform before the first
             hop and back after the last (`rotation.py`); needs a power-of-two block size.
         hop_bits: "uniform" (fmt on every hop) or "adaptive": per-hop integer widths and
@@ -287,31 +319,60 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         impl: "xla" (shard_map collectives) or "pallas" (one Pallas TPU kernel with remote
             DMAs; "ring" and "bidir_ring" over one axis; interpret mode off a TPU). Both give
             bitwise the same result.
+        backward: the derivative is psum's (straight-through: the tangent is `lax.psum` of
+            the tangent, exact). "psum" (default): the cotangent is psum's transpose, exact;
+            "quantized": the cotangent goes through this same collective (reverse mode only;
+            it changes something only where psum's transpose communicates, i.e. under
+            `check_vma=False`). See `autodiff.py`.
+        bucket_bytes: a pytree's leaves are cut into buckets of at most this many bytes (of
+            `dtype`) at leaf boundaries, one collective each, like PyTorch DDP's
+            `bucket_cap_mb`; a larger leaf goes alone. None (default): one buffer.
+        dtype: the dtype of the buffer sent and summed (default: the leaves' common dtype);
+            with fmt=None it is what travels, e.g. dtype="bfloat16" for a bf16 ring of f32
+            gradients. Each leaf comes back in its own dtype. Accumulation is in f32.
 
     Returns:
-        The sum, with the shape and dtype of `x`: bitwise identical on every device and typed
-            invariant over `axis_name`, so `out_specs=P()` works under `check_vma=True`.
+        The sum, with the structure, shapes and dtypes of `x`: bitwise identical on every
+            device and typed invariant over `axis_name`, so `out_specs=P()` works under
+            `check_vma=True`.
 
     Raises:
-        TypeError: `x` is not floating point, or `fmt` is not a Format.
-        ValueError: unknown algorithm, axis or impl, `fmt` given with "psum", bad
-            `num_chunks`, a remedy (`key`, `rotate`, `hop_bits`) without a quantized fmt,
-            impl="pallas" with an algorithm, torus or remedy it does not run.
+        TypeError: a leaf that is not floating point, leaves without a common dtype and no
+            `dtype=`, `fmt` not a Format.
+        ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
+            `num_chunks`, `min_bytes` or `bucket_bytes`, a remedy (`key`, `rotate`,
+            `hop_bits`) without a quantized fmt, impl="pallas" with an algorithm, torus or
+            remedy it does not run.
+
+    Warns:
+        InvariantInputWarning: under `check_vma=True`, a leaf typed invariant over the axis
+            (already the same on every device, e.g. gradients `jax.grad` already summed):
+            summing it multiplies it by p. The message names the fix.
     """
-    _check_input(x)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
-    check_algorithm(algorithm, fmt, shape, num_chunks)
-    _check_remedies(fmt, key is not None, rotate, hop_bits)
-    _check_impl(impl, algorithm, axes, remedies=key is not None or rotate or hop_bits != "uniform")
+    dtype = _check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
+                          hop_bits, impl, backward, bucket_bytes, dtype, shape, axes)
+
+    def reduce(flat: jax.Array, bucket: int | None) -> jax.Array:
+        k = key if key is None or bucket is None else jax.random.fold_in(key, bucket)
+        return _reduce(flat, axes, shape, fmt, algorithm, num_chunks, min_bytes, k, rotate,
+                       hop_bits, impl)
+
+    return reduce_tree(x, axes, reduce, backward=backward, bucket_bytes=bucket_bytes,
+                       dtype=dtype)
+
+
+def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, hop_bits, impl):
+    """The forward of one buffer: the quantized AllReduce itself (not differentiable)."""
     if algorithm == "psum":
-        return lax.psum(x, axis_name)
+        return lax.psum(x, axes if len(axes) > 1 else axes[0])
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return invariant(x, axes)
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
                                  device_kind=jax.devices()[0].device_kind) \
-            if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
+            if min_bytes is None else min_bytes
         fmt = None if x.nbytes < gate else fmt
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
         key, rotate, hop_bits = None, False, "uniform"
@@ -321,7 +382,8 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         from .kernels import ring_all_reduce  # Pallas loads only when asked for
 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
-    return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan)
+    return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
+                _mesh_axes(axes))
 
 
 def _check_remedies(fmt: Format | None, stochastic: bool, rotate: bool, hop_bits: str) -> None:
@@ -340,15 +402,15 @@ def _check_remedies(fmt: Format | None, stochastic: bool, rotate: bool, hop_bits
                          f"size must be a power of two, got {fmt.block_size}")
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
-def _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9))
+def _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, mesh_axes):
     """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
     `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
     74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
     n = x.size
     sched = make_schedule(algorithm, shape)
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
-    wire = _Wire(fmt, x.dtype, plan, key, me)
+    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes)
     length, pieces = layout(n, sched.chunk_count, wire.align, num_chunks)
     flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
     if sched.chunk_count * length > n:
@@ -378,7 +440,8 @@ class AllReduce:
 
     The remedies: `stochastic_seed` (an int: stochastic rounding with
     `jax.random.key(stochastic_seed)`, the same key every call; or pass `key=` when calling,
-    which takes precedence), `rotate` and `hop_bits`, as in `all_reduce`.
+    which takes precedence), `rotate` and `hop_bits`; the derivative (`backward`) and the
+    pytree keywords (`bucket_bytes`, `dtype`, stored as the dtype's name): as in `all_reduce`.
     """
 
     fmt: Format | None = Format.int8()  # noqa: RUF009 (a frozen, hashable default)
@@ -389,22 +452,26 @@ class AllReduce:
     rotate: bool = False
     hop_bits: str = "uniform"
     impl: str = "xla"
+    backward: str = "psum"
+    bucket_bytes: int | None = None
+    dtype: str | None = None
 
     def __post_init__(self):
-        check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
-        if self.min_bytes is not None:
-            count(self.min_bytes, "min_bytes", minimum=0)
         if self.stochastic_seed is not None:
             count(self.stochastic_seed, "stochastic_seed", minimum=0)
-        _check_remedies(self.fmt, self.stochastic_seed is not None, self.rotate, self.hop_bits)
-        _check_impl(self.impl, self.algorithm, ("",), remedies=bool(self.remedies))
+        dtype = _check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
+                              self.stochastic_seed is not None, self.rotate, self.hop_bits,
+                              self.impl, self.backward, self.bucket_bytes, self.dtype)
+        object.__setattr__(self, "dtype", None if dtype is None else dtype.name)  # hashable
 
-    def __call__(self, x: jax.Array, axis_name, *, key: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x, axis_name, *, key: jax.Array | None = None):
         if key is None and self.stochastic_seed is not None:
             key = jax.random.key(self.stochastic_seed)
         return all_reduce(x, axis_name, fmt=self.fmt, algorithm=self.algorithm,
                           num_chunks=self.num_chunks, min_bytes=self.min_bytes, key=key,
-                          rotate=self.rotate, hop_bits=self.hop_bits, impl=self.impl)
+                          rotate=self.rotate, hop_bits=self.hop_bits, impl=self.impl,
+                          backward=self.backward, bucket_bytes=self.bucket_bytes,
+                          dtype=self.dtype)
 
     @property
     def remedies(self) -> str:
@@ -419,4 +486,8 @@ class AllReduce:
         pipe = f" x{self.num_chunks}" if self.num_chunks > 1 else ""
         extra = f" +{self.remedies.replace(' ', ' +')}" if self.remedies else ""
         kernel = " (pallas)" if self.impl == "pallas" else ""
-        return f"{self.algorithm} {format_label(self.fmt)}{pipe}{extra}{kernel}"
+        tree = "".join(part for part, on in (
+            (f" as {self.dtype}", self.dtype is not None),
+            (f" buckets of {self.bucket_bytes} B", self.bucket_bytes is not None),
+            (" +quantized backward", self.backward == "quantized")) if on)
+        return f"{self.algorithm} {format_label(self.fmt)}{pipe}{extra}{kernel}{tree}"

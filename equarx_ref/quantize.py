@@ -490,7 +490,8 @@ class Codec:
     def __init__(self, fmt: Format | None, dtype):
         self.fmt = fmt
         self.dtype = jnp.dtype(dtype)
-        self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32 (or f64)
+        # accumulate in f32 (f64 for f64): fp8 does not promote implicitly, so no promote_types
+        self.acc = jnp.dtype(jnp.float64 if self.dtype.itemsize > 4 else jnp.float32)
         self.align = fmt.block_size if fmt is not None else 1
 
     def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]

@@ -22,10 +22,11 @@ CORE = ("formats", "quantize", "schedule", "collectives", "devices")
 LAYERS = (
     (("formats", "devices", "_checks"), "the element grids and formats; the mesh"),
     (("quantize", "schedule"), "the quantizer and its wire codec; who sends what, when"),
-    (("models", "remedies"), "bytes, error and time read off a schedule; rotation"),
+    (("models", "remedies", "autodiff"),
+     "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
     (("kernels",), "the Pallas TPU ring and fused hop"),
     (("collectives",), "all_reduce and AllReduce: the executor"),
-    (("outliers", "autodiff"), "static int4 with outlier features; derivatives"),
+    (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
     (("runs", "viz", "data"), "what each command runs; every figure; stored results"),
     (("multihost",), "the same runs as several processes over real links"),

@@ -1,0 +1,428 @@
+"""Quantized gradients in data-parallel training: where DynamiQ's claim lives, measured small.
+
+Data parallelism keeps one copy of the parameters on each of p devices, gives each a slice of
+the batch, and sums the p gradients with an AllReduce before every optimizer step:
+
+    g = (1/p) sum_i grad L(params; batch_i)          one AllReduce of all parameters a step
+
+That AllReduce is the one DynamiQ (arXiv 2602.08923) compresses. Here it is `all_reduce` with a
+wire format, on a character-level MLP language model of about 10k parameters (an embedding of
+the last `context` characters, one tanh layer, a softmax over the characters), trained with Adam
+on `gemma.calibtext.CALIB_TEXT` and validated on `gemma.evaltext.EVAL_TEXT`, the two texts the
+package ships. Each step samples a batch i.i.d. from the training windows and shards it over the
+p devices; every variant and seed runs the same batches from the same initial parameters
+(paired seeds), so a difference in loss between two variants is the collective's doing, and
+its standard error is that of the paired differences across seeds.
+
+The step, inside `shard_map(check_vma=True)` over replicated parameters:
+
+    pv = lax.pcast(params, axis, to="varying")       # without it, grad returns the psum already
+    loss, g = value_and_grad(loss_fn)(pv, batch_i)   # this device's gradient (varying)
+    g = all_reduce(g, axis, fmt=...) / p             # the pytree, one buffer, quantized
+    params = adam(params, g)
+
+Measured per variant: the change of final train and validation loss against the f32 psum
+(paired, with standard errors), the relative error of the summed gradient against the exact f32
+sum of the same per-device gradients, the share of coordinates whose exact sum is non-zero but
+arrive as exactly 0 ("flushed"), and the bytes one device sends per step (`wire_bytes`, checked
+against the compiled HLO of the gradient AllReduce).
+
+Adam is written out below (a dozen lines): the package needs nothing else from an optimizer
+library, so it takes no dependency for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from importlib import resources
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from .. import Format, all_reduce, hlo_wire_bytes, wire_bytes
+from ..devices import make_mesh
+from ..gemma.calibtext import CALIB_TEXT  # plain text: the model's own modules import cheaply
+from ..gemma.evaltext import EVAL_TEXT
+from .hopstats import hop_table
+
+__all__ = ["BASELINE", "COMMAND", "FILES", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
+           "baseline_gradients", "char_windows", "experiment_data", "gradient_tell",
+           "hop_statistics", "init_params", "loss_fn", "reduce_gradients", "seed_inputs",
+           "source_digest", "stored", "summarize", "train", "write"]
+
+INT4 = Format.int4()
+#: The variants: `all_reduce` keywords ("sr": stochastic rounding with a key per step).
+VARIANTS: dict[str, dict] = {
+    "f32 psum": {"fmt": None, "algorithm": "psum"},
+    "bf16 ring": {"fmt": None, "algorithm": "ring", "dtype": "bfloat16"},
+    "int8 ring": {"fmt": Format.int8()},
+    "mxfp8 ring": {"fmt": Format.mxfp8()},
+    "mxfp4 ring": {"fmt": Format.mxfp4()},
+    "int4 ring": {"fmt": INT4},
+    "int4 ring +sr": {"fmt": INT4, "sr": True},
+    "int4 ring +rotate": {"fmt": INT4, "rotate": True},
+    "int4 ring +adaptive": {"fmt": INT4, "hop_bits": "adaptive"},
+    "int4 two_shot": {"fmt": INT4, "algorithm": "two_shot"},
+    "int4 two_shot +rotate": {"fmt": INT4, "algorithm": "two_shot", "rotate": True},
+}
+BASELINE = "f32 psum"
+AXIS = "dp"
+
+
+# ---- data and model --------------------------------------------------------------------------
+
+
+def char_windows(text: str, vocab: str, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every position's previous `context` characters [n, context] (id 0 pads the start) and
+    the character itself [n], as ids into `vocab` (id = 1 + index)."""
+    ids = np.array([1 + vocab.index(c) for c in text], np.int32)
+    padded = np.concatenate([np.zeros(context, np.int32), ids])
+    idx = np.arange(len(ids))[:, None] + np.arange(context)[None, :]
+    return padded[idx], ids
+
+
+def init_params(key, vocab_size: int, context: int, embed: int, hidden: int) -> dict:
+    """Embedding [V, E], tanh layer [C E, H], output [H, V]; ids include the pad (V = len + 1)."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {
+        "embed": jax.random.normal(k1, (vocab_size, embed)) * 0.5,
+        "w1": jax.random.normal(k2, (context * embed, hidden)) / math.sqrt(context * embed),
+        "b1": jnp.zeros(hidden),
+        "w2": jax.random.normal(k3, (hidden, vocab_size)) / math.sqrt(hidden),
+        "b2": jnp.zeros(vocab_size),
+    }
+
+
+def loss_fn(params: dict, ctx: jax.Array, target: jax.Array) -> jax.Array:
+    """Mean cross-entropy (nats per character) of predicting `target` [B] from `ctx` [B, C]."""
+    h = params["embed"][ctx].reshape(ctx.shape[0], -1)  # [B, C E]
+    h = jnp.tanh(h @ params["w1"] + params["b1"])  # [B, H]
+    logits = h @ params["w2"] + params["b2"]  # [B, V]
+    picked = jnp.take_along_axis(logits, target[:, None], axis=1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked)
+
+
+def adam_init(params) -> tuple:
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return zeros, zeros, jnp.zeros((), jnp.int32)
+
+
+def adam_update(params, grads, state, lr: float, b1=0.9, b2=0.999, eps=1e-8):
+    """One Adam step (Kingma and Ba): bias-corrected moment estimates, per coordinate."""
+    m, v, t = state
+    t = t + 1
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+    c1, c2 = 1 - b1 ** t.astype(jnp.float32), 1 - b2 ** t.astype(jnp.float32)
+    params = jax.tree.map(lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
+                          params, m, v)
+    return params, (m, v, t)
+
+
+# ---- the gradient AllReduce --------------------------------------------------------------
+
+
+def _keywords(variant: dict) -> tuple[dict, bool]:
+    """A variant's `all_reduce` keywords, and whether it rounds stochastically."""
+    kw = dict(variant)
+    sr = kw.pop("sr", False)
+    if kw.get("fmt") is not None:
+        kw.setdefault("min_bytes", 0)  # gradients are small here: never gate them
+    return kw, sr
+
+
+def reduce_gradients(grads, axis: str, variant: dict, key=None):
+    """The sum over `axis` of a gradient pytree with one variant's collective: `all_reduce`
+    of the whole pytree (one buffer), its derivative psum's."""
+    kw, sr = _keywords(variant)
+    return all_reduce(grads, axis, key=key if sr else None, **kw)
+
+
+def gradient_tell(grads, axis: str) -> jax.Array:
+    """|sum_i g_i| / sqrt(sum_i |g_i|^2) over the devices of `axis` (inside shard_map): about 1
+    for independent per-device gradients, exactly sqrt(p) when they are p identical copies
+    (the trap: gradients jax.grad already summed)."""
+    sq = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
+    total = lax.psum(grads, axis)
+    num = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(total))
+    return jnp.sqrt(num / lax.psum(sq, axis))
+
+
+def _flat(tree) -> jax.Array:
+    return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in jax.tree.leaves(tree)])
+
+
+# ---- the experiment ----------------------------------------------------------------------
+
+
+class TrainConfig:
+    """The experiment's sizes (defaults: the stored run)."""
+
+    def __init__(self, steps=300, seeds=3, batch=256, context=8, embed=10, hidden=64, lr=3e-3,
+                 eval_every=25):
+        self.steps, self.seeds, self.batch = steps, seeds, batch
+        self.context, self.embed, self.hidden, self.lr = context, embed, hidden, lr
+        self.eval_every = eval_every
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
+    """jit(shard_map(scan of `eval_every` steps)) for one variant."""
+
+    def body(params, state, ctx, tgt, key):
+        def step(carry, batch):
+            params, state = carry
+            c, t, i = batch
+            pv = lax.pcast(params, AXIS, to="varying")  # per-device gradients, not their psum
+            loss, g = jax.value_and_grad(loss_fn)(pv, c, t)
+            exact = _flat(lax.psum(g, AXIS))
+            summed = reduce_gradients(g, AXIS, variant, jax.random.fold_in(key, i))
+            got = _flat(summed)
+            err = jnp.linalg.norm(got - exact) / jnp.linalg.norm(exact)
+            live = exact != 0
+            flushed = jnp.sum(live & (got == 0)) / jnp.maximum(jnp.sum(live), 1)
+            grads = jax.tree.map(lambda s: s.astype(jnp.float32) / p, summed)
+            params, state = adam_update(params, grads, state, cfg.lr)
+            return (params, state), (lax.psum(loss, AXIS) / p, err, flushed)
+
+        steps = jnp.arange(ctx.shape[0])
+        (params, state), out = lax.scan(step, (params, state), (ctx, tgt, steps))
+        return params, state, out
+
+    data = P(None, AXIS)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), data, data, P()),
+                                 out_specs=(P(), P(), P()), check_vma=True))
+
+
+def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int, int | None]:
+    """Bytes one device sends per step: the model (wire_bytes) and the compiled HLO."""
+    kw, _ = _keywords(variant)
+    fmt, algorithm = kw.get("fmt"), kw.get("algorithm", "ring")
+    model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=kw.get("dtype", "float32"),
+                       hop_bits=kw.get("hop_bits", "uniform"))
+    if not check:
+        return model, None
+    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((p, *x.shape), x.dtype), params)
+    f = jax.jit(jax.shard_map(
+        lambda g: reduce_gradients(jax.tree.map(lambda x: x[0], g), AXIS, variant,
+                                   jax.random.key(0)),
+        mesh=mesh, in_specs=P(AXIS), out_specs=P(), check_vma=True))
+    hlo = f.lower(stacked).compile().as_text()
+    return model, int(sum(hlo_wire_bytes(hlo, p).values()))
+
+
+def experiment_data(cfg: TrainConfig) -> dict:
+    """The windows of both texts, the vocabulary size, the parameter shapes and count."""
+    train_text, val_text = CALIB_TEXT, EVAL_TEXT
+    vocab = "".join(sorted(set(train_text) | set(val_text)))
+    shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), len(vocab) + 1, cfg.context,
+                                                cfg.embed, cfg.hidden))
+    return {"train": char_windows(train_text, vocab, cfg.context),
+            "val": char_windows(val_text, vocab, cfg.context), "vocab_size": len(vocab) + 1,
+            "shapes": shapes, "parameters": int(sum(x.size for x in jax.tree.leaves(shapes)))}
+
+
+def seed_inputs(cfg: TrainConfig, seed: int, data: dict):
+    """Seed `seed`'s initial parameters, Adam state and batches [steps, batch, ...]: the same
+    for every variant (paired seeds)."""
+    key = jax.random.key(seed)
+    params = init_params(jax.random.fold_in(key, 1), data["vocab_size"], cfg.context, cfg.embed,
+                         cfg.hidden)
+    picks = jax.random.randint(jax.random.fold_in(key, 2), (cfg.steps, cfg.batch), 0,
+                               len(data["train"][1]))
+    ctx, tgt = (jnp.asarray(a)[picks] for a in data["train"])
+    return params, adam_init(params), ctx, tgt
+
+
+def baseline_gradients(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+                       devices=None):
+    """Yield (step, per-device gradients [p, n] float64) of the f32 baseline's run of seed
+    `seed` just before the steps `at` (multiples of `eval_every`; `steps` is after the last)."""
+    cfg = config or TrainConfig()
+    devices = list(devices if devices is not None else jax.devices())
+    p = len(devices)
+    data = experiment_data(cfg)
+    params, state, ctx, tgt = seed_inputs(cfg, seed, data)
+    chunk = _make_chunk(make_mesh(devices, (AXIS,)), VARIANTS[BASELINE], cfg, p)
+    per_device = jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0)))
+    key = jax.random.key(seed)
+    for c in range(cfg.steps // cfg.eval_every + 1):
+        step = c * cfg.eval_every
+        if step in at:
+            i = min(step, cfg.steps - 1)  # after the last step: the last batch again
+            g = per_device(params, ctx[i].reshape(p, -1, cfg.context), tgt[i].reshape(p, -1))
+            yield step, np.stack([np.asarray(_flat(jax.tree.map(lambda x, d=d: x[d], g)),
+                                             np.float64) for d in range(p)])
+        if step < cfg.steps:
+            sl = slice(step, step + cfg.eval_every)
+            params, state, _ = chunk(params, state, ctx[sl], tgt[sl],
+                                     jax.random.fold_in(key, 3 + c))
+
+
+def train(variants: list[str] | None = None, *, config: TrainConfig | None = None,
+          devices=None, check_bytes: bool = True, progress=None) -> dict:
+    """Run every variant on every seed; return the JSON-able report (see `summarize`).
+
+    `check_bytes`: also compile each variant's gradient AllReduce alone and count the bytes
+    its HLO sends (`hlo_wire_bytes`, stored beside `wire_bytes`); a few seconds a variant.
+    """
+    cfg = config or TrainConfig()
+    names = list(VARIANTS) if variants is None else list(variants)
+    for name in names:
+        if name not in VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    if cfg.steps % cfg.eval_every:
+        raise ValueError(f"steps ({cfg.steps}) must be a multiple of eval_every "
+                         f"({cfg.eval_every})")
+    devices = list(devices if devices is not None else jax.devices())
+    p = len(devices)
+    if cfg.batch % p:
+        raise ValueError(f"batch ({cfg.batch}) must be a multiple of the devices ({p})")
+    mesh = make_mesh(devices, (AXIS,))
+    data = experiment_data(cfg)
+    tr, va = data["train"], data["val"]
+    full_loss = jax.jit(loss_fn)
+    n = data["parameters"]
+    rows, t0 = {}, time.perf_counter()
+    for name in names:
+        chunk = _make_chunk(mesh, VARIANTS[name], cfg, p)
+        model_bytes, hlo_bytes = _wire(VARIANTS[name], n, p, mesh, data["shapes"], check_bytes)
+        runs = []
+        for seed in range(cfg.seeds):
+            key = jax.random.key(seed)
+            params, state, ctx, tgt = seed_inputs(cfg, seed, data)
+            curve, losses, errs, flushed = [], [], [], []
+            for c in range(cfg.steps // cfg.eval_every):
+                sl = slice(c * cfg.eval_every, (c + 1) * cfg.eval_every)
+                params, state, (lo, er, fl) = chunk(params, state, ctx[sl], tgt[sl],
+                                                    jax.random.fold_in(key, 3 + c))
+                losses.append(np.asarray(lo))
+                errs.append(np.asarray(er))
+                flushed.append(np.asarray(fl))
+                curve.append(float(full_loss(params, va[0], va[1])))
+            runs.append({
+                "seed": seed, "val_curve": curve,
+                "train_curve": [float(np.mean(x)) for x in losses],
+                "train_loss": float(full_loss(params, tr[0], tr[1])), "val_loss": curve[-1],
+                "grad_rel_error": float(np.mean(np.concatenate(errs))),
+                "flushed_share": float(np.mean(np.concatenate(flushed))),
+            })
+            if progress:
+                progress(f"{name} seed {seed}: val {curve[-1]:.4f} "
+                         f"({time.perf_counter() - t0:.0f} s)")
+        kw, _ = _keywords(VARIANTS[name])
+        fmt = kw.get("fmt")
+        rows[name] = {"bits": fmt.bits_per_element if fmt is not None else
+                      8.0 * jnp.dtype(kw.get("dtype", "float32")).itemsize,
+                      "wire_bytes": model_bytes, "hlo_wire_bytes": hlo_bytes, "runs": runs}
+    return summarize({"config": {**cfg.as_dict(), "devices": p, "parameters": n,
+                                 "vocab": data["vocab_size"], "train_chars": len(tr[1]),
+                                 "val_chars": len(va[1])},
+                      "variants": rows, "seconds": round(time.perf_counter() - t0, 1),
+                      "source_digest": source_digest()})
+
+
+def _rank(v: np.ndarray) -> np.ndarray:
+    return np.argsort(np.argsort(v)).astype(float)
+
+
+def summarize(report: dict) -> dict:
+    """Add to each variant the paired differences against the baseline (mean, standard error)
+    and means over seeds; and the rank correlations of the validation gap with the flushed
+    share and with the gradient error across the quantized variants."""
+    base = report["variants"][BASELINE]["runs"]
+    for row in report["variants"].values():
+        for what in ("train_loss", "val_loss"):
+            d = np.array([r[what] - b[what] for r, b in zip(row["runs"], base, strict=True)])
+            row[f"delta_{what}"] = float(d.mean())
+            row[f"delta_{what}_se"] = float(d.std(ddof=1) / math.sqrt(len(d))) \
+                if len(d) > 1 else float("nan")
+        for what in ("val_loss", "grad_rel_error", "flushed_share"):
+            row[what] = float(np.mean([r[what] for r in row["runs"]]))
+    quantized = [v for k, v in report["variants"].items() if k != BASELINE]
+    if len(quantized) > 2:
+        gap = _rank(np.array([v["delta_val_loss"] for v in quantized]))
+        report["rank_correlation"] = {
+            what: float(np.corrcoef(gap, _rank(np.array([v[what] for v in quantized])))[0, 1])
+            for what in ("flushed_share", "grad_rel_error")}
+    return report
+
+
+def source_digest() -> str:
+    """sha256 (16 hex) of the package sources this run executes: the core modules, the
+    models, the remedies, the texts, hopstats and this module (not the CLI, the docs, Gemma's
+    model or the kernels)."""
+    root = Path(__file__).resolve().parent.parent
+    skip = ("cli.py", "viz", "multihost", "outliers", "kernels", "runs", "gemma")
+    files = [f for f in sorted(root.rglob("*.py"))
+             if f.relative_to(root).parts[0] not in skip]
+    files += [root / "gemma" / "calibtext.py", root / "gemma" / "evaltext.py",
+              root / "runs" / "hopstats.py", Path(__file__)]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def hop_statistics(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+                   fmt: Format | None = None, devices=None) -> dict:
+    """Train the f32 baseline (seed `seed`) and tabulate `hopstats.hop_table` of its
+    per-device gradients at the steps `at`: the partial sums a ring quantizes, hop by hop."""
+    fmt = fmt or INT4
+    devices = list(devices if devices is not None else jax.devices())
+    steps = {str(step): hop_table(grads, fmt)
+             for step, grads in baseline_gradients(config, at=at, seed=seed, devices=devices)}
+    return {"format": str(fmt), "devices": len(devices), "at": list(at), "seed": seed,
+            "steps": steps, "source_digest": source_digest()}
+
+
+#: The stored results, package data read by chapter 08: the training run and the hop table.
+FILES = ("train.json", "train-hops.json")
+#: The command that makes them (the `equarx-ref train` subcommand will call `write`).
+COMMAND = "python -m equarx_ref.runs.train"
+
+
+def write(directory: str | Path | None = None, *, variants: list[str] | None = None,
+          config: TrainConfig | None = None, devices=None, progress=print) -> dict[str, dict]:
+    """Run `train` (every variant, or `variants`) and `hop_statistics`, and write both as JSON
+    (`FILES`) into `directory` (default: the package's `runs/data/`, where `stored` reads
+    them). Returns them by file name. Each carries its command and the source digest."""
+    out = Path(directory) if directory is not None else Path(__file__).with_name("data")
+    out.mkdir(parents=True, exist_ok=True)
+    made = {FILES[0]: train(variants, config=config, devices=devices, progress=progress),
+            FILES[1]: hop_statistics(config, devices=devices)}
+    for name, report in made.items():
+        report = {"command": COMMAND, **report}
+        (out / name).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        made[name] = report
+        if progress:
+            progress(f"wrote {out / name}")
+    return made
+
+
+def stored(name: str = FILES[0]) -> dict:
+    """A stored result shipped with the package (`FILES`), as `write` made it."""
+    if name not in FILES:
+        raise ValueError(f"no stored result {name!r}; choose one of {FILES}")
+    return json.loads(resources.files(__package__).joinpath("data", name)
+                      .read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..devices import setup_devices
+
+    setup_devices(8)
+    write(sys.argv[1] if len(sys.argv) > 1 else None)

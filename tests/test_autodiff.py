@@ -1,0 +1,247 @@
+"""eq.all_reduce under autodiff, vmap and on pytrees: psum's derivative (straight-through),
+exactly where the backward is unquantized and within the error model where it is quantized;
+pytrees flattened into buckets whose bytes are those of the HLO; the invariant-gradient trap;
+fp8 input, scalars and bad keywords."""
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import equarx_ref as eq
+from conftest import DEVICES
+from equarx_ref.autodiff import InvariantInputWarning
+
+AX = "x"
+INT8 = eq.Format.int8()
+ALGORITHMS = ["ring", "bidir_ring", "two_shot", "one_shot"]
+
+
+ar = functools.partial(eq.all_reduce, axis_name=AX)  # the public collective, on pytrees too
+
+
+@functools.cache
+def _mesh():
+    return eq.make_mesh(DEVICES, (AX,))
+
+
+def smap(f, out=None, check_vma=True):
+    out = P() if out is None else out
+    return jax.jit(jax.shard_map(f, mesh=_mesh(), in_specs=P(AX), out_specs=out,
+                                 check_vma=check_vma))
+
+
+X = jax.random.normal(jax.random.key(0), (8, 200))
+W = jax.random.normal(jax.random.key(1), (200,))
+
+
+def rel(a, b):
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+CASES = [(a, f) for a in ALGORITHMS for f in (None, INT8)] + [("psum", None)]
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("algorithm,fmt", CASES)
+def test_derivatives_are_psums_exactly_where_unquantized(algorithm, fmt, check_vma):
+    """The tangent is psum's tangent and the cotangent psum's cotangent, bitwise, whatever the
+    forward sends (a linear loss, so the forward's error cannot enter the gradient)."""
+    mine = functools.partial(ar, fmt=fmt, algorithm=algorithm)
+    exact = functools.partial(lax.psum, axis_name=AX)
+
+    def inner_grad(red):
+        return smap(lambda v: jax.grad(lambda v: jnp.sum(W * red(v[0])))(v), P(AX), check_vma)
+
+    def jvp(red):
+        return smap(lambda v: jax.jvp(red, (v[0],), (2 * v[0] + 1,))[1], P(), check_vma)
+
+    def vjp(red):
+        return smap(lambda v: jax.vjp(red, v[0])[1](W)[0][None], P(AX), check_vma)
+
+    def outer(red):
+        return jax.jit(jax.value_and_grad(lambda x: jnp.sum(W * smap(lambda v: red(v[0]),
+                                                                         P(), check_vma)(x))))
+
+    for build in (inner_grad, jvp, vjp):
+        got, want = build(mine)(X), build(exact)(X)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=build.__name__)
+    (v1, g1), (v2, g2) = outer(mine)(X), outer(exact)(X)
+    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
+    assert abs(float(v1) - float(v2)) <= 0.02 * float(jnp.sum(jnp.abs(W * X.sum(0))))
+    if fmt is None:  # unquantized: the forward is the sum to f32 rounding
+        np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_gradient_within_the_error_model_where_the_forward_enters(algorithm, check_vma):
+    """d/dx sum(y^2) = 2 y psum^T(1): the quantized y puts the forward's error into the
+    gradient, no more than the model says (Gaussian data, 1.5 times the prediction)."""
+    def loss(red):
+        return jax.jit(jax.grad(lambda x: jnp.sum(smap(lambda v: red(v[0]), P(),
+                                                       check_vma)(x) ** 2)))
+
+    g = loss(functools.partial(ar, fmt=INT8, algorithm=algorithm))(X)
+    want = loss(functools.partial(lax.psum, axis_name=AX))(X)
+    bound = 1.5 * eq.predicted_relative_error(8, fmt=INT8, algorithm=algorithm)
+    assert 0 < rel(g, want) < bound, (rel(g, want), bound)
+
+
+def test_quantized_backward_sends_the_cotangent_through_the_collective():
+    """backward="quantized": under check_vma=False psum's transpose is a psum, and it goes
+    through the same quantized collective (error within the model); under check_vma=True it
+    sends nothing, so the cotangent is psum's exactly."""
+    def grad(check_vma, backward=None):
+        red = functools.partial(lax.psum, axis_name=AX) if backward is None else \
+            functools.partial(ar, fmt=INT8, backward=backward)
+        return np.asarray(smap(lambda v: jax.grad(lambda v: jnp.sum(W * red(v[0])))(v),
+                               P(AX), check_vma)(X))
+
+    exact = grad(False)  # psum(W) on every device
+    np.testing.assert_allclose(exact, np.tile(np.asarray(W) * 8, (8, 1)), rtol=1e-6)
+    np.testing.assert_array_equal(grad(False, "psum"), exact)
+    err = rel(grad(False, "quantized"), exact)
+    assert 0 < err < 1.5 * eq.predicted_relative_error(8, fmt=INT8, algorithm="ring"), err
+    np.testing.assert_array_equal(grad(True, "quantized"), grad(True))
+    with pytest.raises(ValueError, match="backward must be one of"):
+        smap(lambda v: ar(v[0], fmt=INT8, backward="int8"))(X)
+
+
+def test_pytree_is_one_buffer_or_buckets_and_keeps_dtypes():
+    tree = {"a": X[:, :50].reshape(8, 5, 10), "b": (X[:, 50:120].astype(jnp.bfloat16),
+                                                    X[:, 120:])}
+    flat = smap(lambda v: ar(v[0], fmt=INT8))(X)
+
+    def run(**kw):
+        return smap(lambda a, b, c: ar({"a": a[0], "b": (b[0], c[0])}, fmt=INT8, **kw))(
+            tree["a"], *tree["b"])
+
+    got = run()
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), got) == {
+        "a": ((5, 10), jnp.float32), "b": (((70,), jnp.bfloat16), ((80,), jnp.float32))}
+    # one buffer: the f32 concatenation, quantized as one message (bf16 leaf widened exactly)
+    one = smap(lambda v: ar(jnp.concatenate([v[0, :50], v[0, 50:120].astype(jnp.bfloat16)
+                                             .astype(jnp.float32), v[0, 120:]]), fmt=INT8))(X)
+    np.testing.assert_array_equal(np.asarray(got["a"]).reshape(-1), np.asarray(one[:50]))
+    np.testing.assert_array_equal(np.asarray(got["b"][1]), np.asarray(one[120:]))
+    assert rel(flat, X.sum(0)) < 0.02
+    # buckets of at most 300 bytes (75 f32): the leaves of 50, 70 and 80 values go alone
+    buckets = run(bucket_bytes=300)
+    alone = smap(lambda v: ar(v[0, 120:], fmt=INT8))(X)
+    np.testing.assert_array_equal(np.asarray(buckets["b"][1]), np.asarray(alone))
+
+
+def test_bucket_and_dtype_bytes_match_the_hlo():
+    """What is counted is what is sent: wire_bytes of each bucket (in the buffer's dtype) sum
+    to the compiled HLO's collective bytes; fmt=None with dtype=bf16 sends 2 bytes a value."""
+    shapes = {"a": (8, 300), "b": (8, 44), "c": (8, 1000)}  # leaves in key order
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes.values()]
+
+    def hlo(**kw):
+        f = smap(lambda a, b, c: ar({"a": a[0], "b": b[0], "c": c[0]}, **kw))
+        return sum(eq.hlo_wire_bytes(f.lower(*args).compile().as_text(), 8).values())
+
+    n = 1344
+    assert hlo(fmt=INT8) == eq.wire_bytes(n, 8, fmt=INT8, algorithm="ring")
+    assert hlo(fmt=None, dtype=jnp.bfloat16) == eq.wire_bytes(n, 8, fmt=None, algorithm="ring",
+                                                              dtype="bfloat16")
+    assert hlo(fmt=None) == eq.wire_bytes(n, 8, fmt=None, algorithm="ring", dtype="float32")
+    # buckets of <= 2000 bytes: {a, b} (1376 bytes) then {c} (4000 bytes alone)
+    assert hlo(fmt=INT8, bucket_bytes=2000) == sum(
+        eq.wire_bytes(m, 8, fmt=INT8, algorithm="ring") for m in (344, 1000))
+
+
+def test_the_trap_is_caught_and_the_tell_reads_sqrt_p():
+    """grad w.r.t. replicated params under check_vma=True is already summed: all_reduce warns
+    with the fix; after lax.pcast the gradients are per device and nothing is said."""
+    from equarx_ref.runs.train import gradient_tell
+
+    params = {"w": jnp.ones(16)}
+
+    def step(pcast):
+        def body(x):
+            p = lax.pcast(params, AX, to="varying") if pcast else params
+            g = jax.grad(lambda p: jnp.sum(jnp.sin(p["w"] * x[0])))(p)
+            return ar(g, fmt=INT8)["w"], gradient_tell(g, AX)
+        return jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=P(AX), out_specs=(P(), P())))
+
+    x = jax.random.normal(jax.random.key(2), (8, 16))
+    with pytest.warns(InvariantInputWarning, match=r"lax.pcast\(params, 'x', to='varying'\)"):
+        summed, tell = step(False)(x)
+    np.testing.assert_allclose(float(tell), np.sqrt(8), rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        right, tell = step(True)(x)
+    assert float(tell) < 2.0
+    exact = jnp.sum(jnp.cos(params["w"] * x) * x, axis=0)
+    assert rel(right, exact) < 0.02
+    assert rel(summed, 8 * exact) < 0.02  # the trap: p times the sum
+
+
+def test_scalars_and_bad_leaves():
+    with pytest.warns(InvariantInputWarning):  # a constant is the same on every device
+        got = smap(lambda v: ar({"s": 2.0, "v": v[0]}, fmt=None))(X)
+    assert float(got["s"]) == 16.0
+    with pytest.raises(TypeError, match=r"floating-point arrays, got dtype int32 at \['i'\]"):
+        smap(lambda v: ar({"i": jnp.arange(3), "v": v[0]}, fmt=INT8))(X)
+
+
+def test_vmap_and_pmap_axes_work_like_psum():
+    """Under vmap(axis_name=...) (and pmap) the same schedules run: the gathers are typed
+    invariant only over mesh axes. Unquantized: psum's sum; int8: within the model."""
+    x = X[:4]
+    want = np.asarray(jax.vmap(lambda r: lax.psum(r, "b"), axis_name="b")(x))
+    for algorithm in ALGORITHMS:
+        got = jax.vmap(lambda r, a=algorithm: eq.all_reduce(r, "b", fmt=None, algorithm=a),
+                       axis_name="b")(x)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
+                                   err_msg=algorithm)
+        q = jax.vmap(lambda r, a=algorithm: eq.all_reduce(r, "b", algorithm=a),
+                     axis_name="b")(x)
+        assert rel(q[0], want[0]) < 1.5 * eq.predicted_relative_error(4, fmt=INT8,
+                                                                       algorithm=algorithm)
+    g = jax.vmap(jax.grad(lambda r: jnp.sum(W * eq.all_reduce(r, "b"))), axis_name="b")(x)
+    np.testing.assert_array_equal(np.asarray(g), np.tile(np.asarray(W) * 4, (4, 1)))
+    pm = jax.pmap(lambda r: eq.all_reduce(r, "b", fmt=None), axis_name="b")(X)
+    np.testing.assert_allclose(np.asarray(pm), np.tile(np.asarray(X.sum(0)), (8, 1)), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="unknown mesh axis 'c'"):
+        jax.vmap(lambda r: eq.all_reduce(r, "c"), axis_name="b")(x)
+
+
+def test_fp8_input_accumulates_in_f32_and_the_public_keywords_are_checked():
+    """A float8 buffer travels as one byte a value (fmt=None) or is quantized from f32 sums;
+    the result comes back in float8. Bad keywords: one line each, from all_reduce and
+    AllReduce alike (one set of rules)."""
+    f8 = X.astype(jnp.float8_e4m3fn)
+    exact = np.asarray(f8.astype(jnp.float32).sum(0))
+    for fmt in (None, INT8):
+        got = smap(lambda v, f=fmt: ar(v[0], fmt=f))(f8)
+        assert got.dtype == jnp.float8_e4m3fn
+        assert rel(got.astype(jnp.float32), exact) < 0.07, fmt  # e4m3: 3 mantissa bits
+    for kw, err, msg in [
+            ({"backward": "int8"}, ValueError, "backward must be one of"),
+            ({"bucket_bytes": 0}, ValueError, "bucket_bytes must be >= 1"),
+            ({"dtype": "int8"}, TypeError, "dtype must be a floating-point dtype")]:
+        with pytest.raises(err, match=msg):
+            smap(lambda v, kw=kw: ar(v[0], **kw))(X)
+        with pytest.raises(err, match=msg):
+            eq.AllReduce(**kw)
+    with pytest.raises(TypeError, match="have no common dtype; pass dtype="):
+        smap(lambda v: ar({"a": v[0], "b": v[0].astype(jnp.float8_e4m3fn)}))(X)
+    ok = smap(lambda v: ar({"a": v[0], "b": v[0].astype(jnp.float8_e4m3fn)},
+                           dtype="float32"))(X)
+    assert ok["b"].dtype == jnp.float8_e4m3fn
+    with pytest.raises(TypeError, match="floating-point arrays, got str at x"):
+        smap(lambda v: ar("a"))(X)
+    a, b = eq.AllReduce(fmt=None, dtype=jnp.bfloat16), eq.AllReduce(fmt=None, dtype="bfloat16")
+    assert a == b and hash(a) == hash(b) and str(a) == "ring bf16 as bfloat16"
+    np.testing.assert_array_equal(np.asarray(smap(lambda v: a(v[0], AX))(X)),
+                                  np.asarray(smap(lambda v: ar(v[0], fmt=None,
+                                                               dtype="bfloat16"))(X)))
