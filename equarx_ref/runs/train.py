@@ -364,7 +364,7 @@ def source_digest() -> str:
     models, the remedies, the texts, hopstats and this module (not the CLI, the docs, Gemma's
     model or the kernels)."""
     root = Path(__file__).resolve().parent.parent
-    skip = ("cli.py", "viz", "multihost", "outliers", "kernels", "runs", "gemma")
+    skip = ("cli", "viz", "multihost", "outliers", "kernels", "runs", "gemma")
     files = [f for f in sorted(root.rglob("*.py"))
              if f.relative_to(root).parts[0] not in skip]
     files += [root / "gemma" / "calibtext.py", root / "gemma" / "evaltext.py",
