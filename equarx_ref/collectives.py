@@ -305,18 +305,20 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
             invariant over `axis_name`, so `out_specs=P()` works under `check_vma=True`.
 
     Raises:
-        TypeError: `x` is not floating point, or `fmt` is not a Format.
+        TypeError: `x` is not a floating-point array, `fmt` is not a Format, `key` is not a
+            PRNG key, `rotate` is not a bool, a count is not an integer.
         ValueError: unknown algorithm, axis or impl, `fmt` given with "psum", bad
-            `num_chunks`, a remedy (`key`, `rotate`, `hop_bits`) without a quantized fmt,
-            impl="pallas" with an algorithm, torus or remedy it does not run.
+            `num_chunks` or `min_bytes` (checked even where unused), a remedy (`key`,
+            `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an algorithm,
+            torus or remedy it does not run. `AllReduce` applies the same rules when built.
     """
     _check_input(x)
     if key is not None:
         _check_key(key)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
-    _check_arguments(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate, hop_bits,
-                     impl, shape, axes)
+    _check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate, hop_bits,
+                  impl, shape, axes)
     if algorithm == "psum":
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
@@ -337,8 +339,8 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan)
 
 
-def _check_arguments(fmt, algorithm, num_chunks, min_bytes, stochastic: bool, rotate, hop_bits,
-                     impl, shape: tuple[int, ...] = (1,), axes: tuple[str, ...] = ("",)) -> None:
+def _check_config(fmt, algorithm, num_chunks, min_bytes, stochastic: bool, rotate, hop_bits,
+                  impl, shape: tuple[int, ...] = (1,), axes: tuple[str, ...] = ("",)) -> None:
     """The one rule set of `all_reduce` and `AllReduce` (which checks when built, before it
     knows the mesh: `shape` and `axes` then stand for one axis). Each bad argument is refused
     by name, whatever the others are (`min_bytes` even when fmt=None or "psum" ignores it)."""
@@ -417,8 +419,8 @@ class AllReduce:
     def __post_init__(self):
         if self.stochastic_seed is not None:
             count(self.stochastic_seed, "stochastic_seed", minimum=0)
-        _check_arguments(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
-                         self.stochastic_seed is not None, self.rotate, self.hop_bits, self.impl)
+        _check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
+                      self.stochastic_seed is not None, self.rotate, self.hop_bits, self.impl)
 
     def __call__(self, x: jax.Array, axis_name, *, key: jax.Array | None = None) -> jax.Array:
         if key is None and self.stochastic_seed is not None:
