@@ -160,6 +160,8 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
     communicates).
     """
     dtype = check_tree_args(backward, bucket_bytes, dtype)
+    if tree is None:  # an empty pytree to jax, but here surely a mistake
+        raise TypeError("all_reduce sums an array or a pytree of arrays x, got None")
     paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [_leaf(path, v) for path, v in paths]
     if not leaves:

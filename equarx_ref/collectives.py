@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import count
+from ._checks import count, flag
 from .autodiff import check_tree_args, reduce_tree
 from .formats import Format
 from .models.cost import default_min_bytes
@@ -230,8 +230,9 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
 
 def _axes(axis_name) -> tuple[str, ...]:
     """The axis, or the pair of axes in mesh order (ppermute numbers devices in mesh order)."""
-    axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    if not axes or len(axes) > 2 or not all(isinstance(a, str) for a in axes) or \
+    axes = (axis_name,) if isinstance(axis_name, str) else \
+        tuple(axis_name) if isinstance(axis_name, (tuple, list)) else ()
+    if not axes or len(axes) > 2 or not all(isinstance(a, str) and a for a in axes) or \
             len(set(axes)) != len(axes):
         raise ValueError(f"axis_name must be a mesh axis name or a pair of distinct ones, "
                          f"got {axis_name!r}")
@@ -240,8 +241,8 @@ def _axes(axis_name) -> tuple[str, ...]:
         try:
             lax.axis_size(a)
         except (NameError, KeyError, ValueError):
-            raise ValueError(f"unknown mesh axis {a!r}; all_reduce runs inside jax.shard_map "
-                             f"over one of the mesh axes {names}") from None
+            raise ValueError(f"unknown mesh axis {a!r} (axis_name); all_reduce runs inside "
+                             f"jax.shard_map over one of the mesh axes {names}") from None
     return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
@@ -261,6 +262,16 @@ def invariant(x: jax.Array, axes) -> jax.Array:
     return flat.reshape(x.shape)
 
 
+def _check_key(key) -> None:
+    """A PRNG key: a typed key (`jax.random.key`) or a raw uint32[2] (`jax.random.PRNGKey`)."""
+    dtype = getattr(key, "dtype", None)
+    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+    raw = dtype == jnp.uint32 and getattr(key, "shape", None) in ((2,), (4,))  # threefry, rbg
+    if not (typed and key.shape == ()) and not raw:
+        raise TypeError(f"key must be one jax.random.key (or PRNGKey) for stochastic rounding, "
+                        f"or None, got {key!r}")
+
+
 def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
@@ -277,7 +288,10 @@ def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
 def _check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bool,
                   rotate: bool, hop_bits: str, impl: str, backward: str, bucket_bytes, dtype,
                   shape=(1,), axes=("",)):
-    """The one set of argument rules, for `all_reduce` and `AllReduce`: the buffer dtype."""
+    """The one rule set of `all_reduce` and `AllReduce` (which checks when built, before it
+    knows the mesh: `shape` and `axes` then stand for one axis). Each bad argument is refused
+    by name, whatever the others are (`min_bytes` even when fmt=None or "psum" ignores it).
+    Returns the buffer dtype (None: the leaves')."""
     check_algorithm(algorithm, fmt, shape, num_chunks)
     if min_bytes is not None:
         count(min_bytes, "min_bytes", minimum=0)
@@ -338,17 +352,21 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
 
     Raises:
         TypeError: a leaf that is not floating point, leaves without a common dtype and no
-            `dtype=`, `fmt` not a Format.
+            `dtype=`, `fmt` not a Format, `key` not a PRNG key, `rotate` not a bool, a count
+            not an integer.
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
-            `num_chunks`, `min_bytes` or `bucket_bytes`, a remedy (`key`, `rotate`,
-            `hop_bits`) without a quantized fmt, impl="pallas" with an algorithm, torus or
-            remedy it does not run.
+            `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
+            (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
+            algorithm, torus or remedy it does not run. `AllReduce` applies the same rules
+            when built.
 
     Warns:
         InvariantInputWarning: under `check_vma=True`, a leaf typed invariant over the axis
             (already the same on every device, e.g. gradients `jax.grad` already summed):
             summing it multiplies it by p. The message names the fix.
     """
+    if key is not None:
+        _check_key(key)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
     dtype = _check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
@@ -386,10 +404,9 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
                 _mesh_axes(axes))
 
 
-def _check_remedies(fmt: Format | None, stochastic: bool, rotate: bool, hop_bits: str) -> None:
+def _check_remedies(fmt: Format | None, stochastic: bool, rotate, hop_bits) -> None:
     """Refuse a remedy that has nothing to act on, or a bad value, naming the argument."""
-    if not isinstance(rotate, bool):
-        raise TypeError(f"rotate must be True or False, got {rotate!r}")
+    flag(rotate, "rotate")
     if hop_bits not in HOP_BITS:
         raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
     if fmt is None and (stochastic or rotate or hop_bits != "uniform"):
