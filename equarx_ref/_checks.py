@@ -1,15 +1,21 @@
-"""One way to refuse a bad count: every public function that takes a number of things uses it.
+"""One way to refuse a bad argument: every public function that takes a count, a flag, a
+number or a dtype checks it here, so the rules and the messages are the same everywhere.
 
 A count is a Python or NumPy integer, never a bool (`True` is an int to Python, not a count),
-at least `minimum` and at most `maximum`; anything else is refused with a message naming the
-argument and the value.
+at least `minimum` and at most `maximum`. A flag is True or False (1 is not a flag). A number
+is a real, finite int or float (not a bool, not a string). A value dtype is a floating dtype
+(what `all_reduce` sums). Anything else is refused with a message naming the argument and the
+value.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["count"]
+__all__ = ["count", "flag", "number", "value_dtype"]
 
 
 def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
@@ -21,3 +27,34 @@ def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> 
         allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{what} must be {allowed}, got {value}")
     return value
+
+
+def flag(value, what: str) -> bool:
+    """`value` if it is True or False, else TypeError naming `what`."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def number(value, what: str, *, positive: bool = True) -> float:
+    """`value` as a finite float, > 0 (or >= 0 with positive=False), else an error naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                      np.floating)):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+    return value
+
+
+def value_dtype(dtype, what: str = "dtype") -> np.dtype:
+    """`dtype` as a floating NumPy/JAX dtype (e.g. "bfloat16", jnp.float32), else an error."""
+    try:
+        out = jnp.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        out = None
+    if out is None or not jnp.issubdtype(out, jnp.floating):
+        raise TypeError(f"{what} must be a floating dtype such as 'bfloat16' or 'float32', "
+                        f"got {dtype!r}")
+    return out

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import count
+from ._checks import count, flag
 from .formats import Format
 from .models.cost import default_min_bytes
 from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
@@ -216,8 +216,9 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
 
 def _axes(axis_name) -> tuple[str, ...]:
     """The axis, or the pair of axes in mesh order (ppermute numbers devices in mesh order)."""
-    axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    if not axes or len(axes) > 2 or not all(isinstance(a, str) for a in axes) or \
+    axes = (axis_name,) if isinstance(axis_name, str) else \
+        tuple(axis_name) if isinstance(axis_name, (tuple, list)) else ()
+    if not axes or len(axes) > 2 or not all(isinstance(a, str) and a for a in axes) or \
             len(set(axes)) != len(axes):
         raise ValueError(f"axis_name must be a mesh axis name or a pair of distinct ones, "
                          f"got {axis_name!r}")
@@ -226,8 +227,8 @@ def _axes(axis_name) -> tuple[str, ...]:
         try:
             lax.axis_size(a)
         except (NameError, KeyError, ValueError):
-            raise ValueError(f"unknown mesh axis {a!r}; all_reduce runs inside jax.shard_map "
-                             f"over one of the mesh axes {names}") from None
+            raise ValueError(f"unknown mesh axis {a!r} (axis_name); all_reduce runs inside "
+                             f"jax.shard_map over one of the mesh axes {names}") from None
     return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
@@ -242,10 +243,21 @@ def invariant(x: jax.Array, axes) -> jax.Array:
 
 
 def _check_input(x) -> None:
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"all_reduce needs a floating-point array, got dtype {dtype}; "
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"all_reduce sums an array x (jax or numpy), got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"all_reduce needs a floating-point array x, got dtype {x.dtype}; "
                         "quantized sums of integers are not defined here (cast to float first)")
+
+
+def _check_key(key) -> None:
+    """A PRNG key: a typed key (`jax.random.key`) or a raw uint32[2] (`jax.random.PRNGKey`)."""
+    dtype = getattr(key, "dtype", None)
+    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+    raw = dtype == jnp.uint32 and getattr(key, "shape", None) in ((2,), (4,))  # threefry, rbg
+    if not (typed and key.shape == ()) and not raw:
+        raise TypeError(f"key must be one jax.random.key (or PRNGKey) for stochastic rounding, "
+                        f"or None, got {key!r}")
 
 
 def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
@@ -293,17 +305,20 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
             invariant over `axis_name`, so `out_specs=P()` works under `check_vma=True`.
 
     Raises:
-        TypeError: `x` is not floating point, or `fmt` is not a Format.
+        TypeError: `x` is not a floating-point array, `fmt` is not a Format, `key` is not a
+            PRNG key, `rotate` is not a bool, a count is not an integer.
         ValueError: unknown algorithm, axis or impl, `fmt` given with "psum", bad
-            `num_chunks`, a remedy (`key`, `rotate`, `hop_bits`) without a quantized fmt,
-            impl="pallas" with an algorithm, torus or remedy it does not run.
+            `num_chunks` or `min_bytes` (checked even where unused), a remedy (`key`,
+            `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an algorithm,
+            torus or remedy it does not run. `AllReduce` applies the same rules when built.
     """
     _check_input(x)
+    if key is not None:
+        _check_key(key)
     axes = _axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
-    check_algorithm(algorithm, fmt, shape, num_chunks)
-    _check_remedies(fmt, key is not None, rotate, hop_bits)
-    _check_impl(impl, algorithm, axes, remedies=key is not None or rotate or hop_bits != "uniform")
+    _check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate, hop_bits,
+                  impl, shape, axes)
     if algorithm == "psum":
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
@@ -311,7 +326,7 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
                                  device_kind=jax.devices()[0].device_kind) \
-            if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
+            if min_bytes is None else min_bytes
         fmt = None if x.nbytes < gate else fmt
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
         key, rotate, hop_bits = None, False, "uniform"
@@ -324,10 +339,21 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan)
 
 
-def _check_remedies(fmt: Format | None, stochastic: bool, rotate: bool, hop_bits: str) -> None:
+def _check_config(fmt, algorithm, num_chunks, min_bytes, stochastic: bool, rotate, hop_bits,
+                  impl, shape: tuple[int, ...] = (1,), axes: tuple[str, ...] = ("",)) -> None:
+    """The one rule set of `all_reduce` and `AllReduce` (which checks when built, before it
+    knows the mesh: `shape` and `axes` then stand for one axis). Each bad argument is refused
+    by name, whatever the others are (`min_bytes` even when fmt=None or "psum" ignores it)."""
+    check_algorithm(algorithm, fmt, shape, num_chunks)
+    if min_bytes is not None:
+        count(min_bytes, "min_bytes", minimum=0)
+    _check_remedies(fmt, stochastic, rotate, hop_bits)
+    _check_impl(impl, algorithm, axes, remedies=stochastic or rotate or hop_bits != "uniform")
+
+
+def _check_remedies(fmt: Format | None, stochastic: bool, rotate, hop_bits) -> None:
     """Refuse a remedy that has nothing to act on, or a bad value, naming the argument."""
-    if not isinstance(rotate, bool):
-        raise TypeError(f"rotate must be True or False, got {rotate!r}")
+    flag(rotate, "rotate")
     if hop_bits not in HOP_BITS:
         raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
     if fmt is None and (stochastic or rotate or hop_bits != "uniform"):
@@ -391,13 +417,10 @@ class AllReduce:
     impl: str = "xla"
 
     def __post_init__(self):
-        check_algorithm(self.algorithm, self.fmt, num_chunks=self.num_chunks)
-        if self.min_bytes is not None:
-            count(self.min_bytes, "min_bytes", minimum=0)
         if self.stochastic_seed is not None:
             count(self.stochastic_seed, "stochastic_seed", minimum=0)
-        _check_remedies(self.fmt, self.stochastic_seed is not None, self.rotate, self.hop_bits)
-        _check_impl(self.impl, self.algorithm, ("",), remedies=bool(self.remedies))
+        _check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
+                      self.stochastic_seed is not None, self.rotate, self.hop_bits, self.impl)
 
     def __call__(self, x: jax.Array, axis_name, *, key: jax.Array | None = None) -> jax.Array:
         if key is None and self.stochastic_seed is not None:

@@ -56,8 +56,18 @@ def setup_devices(n: int = 8) -> list[jax.Device]:
     return list(cpu[:n])
 
 
+def _check_devices(devices) -> list[jax.Device]:
+    """A non-empty list of jax devices (as `setup_devices` returns), else an error naming it."""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__len__") or not devices or \
+            not all(isinstance(d, jax.Device) for d in devices):
+        raise TypeError(f"devices must be a non-empty list of jax devices (setup_devices(n) "
+                        f"returns one), got {devices!r}"[:200])
+    return list(devices)
+
+
 def describe_devices(devices: list[jax.Device]) -> str:
     """One line saying what the devices are, e.g. '8 simulated CPU devices (...)'."""
+    devices = _check_devices(devices)
     kinds = {d.device_kind for d in devices}
     platform = devices[0].platform
     if platform == "cpu":
@@ -79,7 +89,16 @@ def make_mesh(devices: list[jax.Device], axis_names: tuple[str, ...] = ("tp",),
     neighbours (a ring along an axis is a ring of links). The axes are `Auto`, so plain arrays
     can be passed to a jitted `shard_map` as they are.
     """
-    shape = (len(devices),) if shape is None else tuple(shape)
+    devices = _check_devices(devices)
+    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)) or \
+            not axis_names or not all(isinstance(a, str) and a for a in axis_names) or \
+            len(set(axis_names)) != len(axis_names):
+        raise ValueError(f"axis_names must be a tuple of distinct, non-empty names such as "
+                         f"('tp',), got {axis_names!r}")
+    if shape is not None and not isinstance(shape, (tuple, list)):
+        raise TypeError(f"shape must be a tuple of devices per axis or None, got {shape!r}")
+    shape = (len(devices),) if shape is None else \
+        tuple(count(q, "shape (devices per axis)") for q in shape)
     if math.prod(shape) != len(devices) or len(shape) != len(axis_names):
         raise ValueError(f"mesh shape {shape} with axes {axis_names} does not fit "
                          f"{len(devices)} devices")

@@ -203,6 +203,8 @@ class Format:
               scale_rule: str = "ceil") -> Format:
         """OCP MXFP6: e2m3 (default) or e3m2 elements, bit-packed, one E8M0 scale per 32
         values (6.25 bits)."""
+        if element not in ("e2m3", "e3m2"):
+            raise ValueError(f"mxfp6 element must be 'e2m3' or 'e3m2', got {element!r}")
         return cls(f"mxfp6_{element}", block_size, "e8m0", scale_rule)
 
     # ---- names ---------------------------------------------------------------------------
@@ -216,8 +218,9 @@ class Format:
         what it could not read.
         """
         if not isinstance(text, str):
-            raise TypeError(f"Format.parse takes a string, got {type(text).__name__}")
-        name, *options = text.strip().split("/")
+            raise TypeError(f"Format.parse reads a format's text such as 'int4/b16', got "
+                            f"{type(text).__name__}")
+        name, *options = text.strip().lower().split("/")
         block, scale, rule = 32, None, "ceil"
         for opt in options:
             if re.fullmatch(r"b\d+", opt):
@@ -231,9 +234,12 @@ class Format:
                                  f"(block size), a scale type {sorted(_SCALE_SHORT)} and a "
                                  f"scale rule {list(SCALE_RULES)}")
         if name == UNQUANTIZED:
-            raise ValueError(f"{UNQUANTIZED!r} means no quantization: use parse_format, which "
-                             "returns None for it")
-        return cls(name, block, scale, rule)
+            raise ValueError(f"format {text!r}: {UNQUANTIZED!r} means no quantization, which "
+                             f"is no Format (parse_format reads it as None) and takes no options")
+        try:
+            return cls(name, block, scale, rule)
+        except ValueError as e:  # name the text read, not only the field it made
+            raise ValueError(f"format {text!r}: {e}") from None
 
     def __str__(self) -> str:
         default_scale = "e8m0" if self.name in _MX else "bfloat16"
@@ -340,10 +346,16 @@ class Format:
 
 
 def parse_format(text: str) -> Format | None:
-    """`Format.parse`, plus "bf16" for no quantization (None), as the CLI and tables name it."""
-    return None if text == UNQUANTIZED else Format.parse(text)
+    """`Format.parse`, plus "bf16" for no quantization (None), as the CLI and tables name it.
+    Names are read trimmed and in any case (" INT8 " is int8)."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_format takes a format name such as 'int8' or {UNQUANTIZED!r}, "
+                        f"got {text!r}")
+    return None if text.strip().lower() == UNQUANTIZED else Format.parse(text)
 
 
 def format_label(fmt: Format | None) -> str:
     """The name `parse_format` reads back: `str(fmt)`, or "bf16" for None."""
+    if fmt is not None and not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format or None, got {fmt!r}")
     return UNQUANTIZED if fmt is None else str(fmt)

@@ -31,8 +31,12 @@ Edge cases, all deliberate:
   ~1.5e-36 for int8) gets a zero scale, because XLA:CPU flushes subnormal floats to zero; it
   dequantizes to zeros. That is an absolute error under 1.5e-36, tested, and far below any
   activation that matters. E8M0 scales reach 2^-127 and keep such blocks.
-- A finite block near f32's maximum stays finite: its largest element may round to a grid value
-  just past 3.4e38, and dequantizing saturates it to the largest f32 (still within half a step).
+- A finite block near f32's maximum stays finite and within the format's bound. Where the
+  covering scale s would put the grid's top value past f32's maximum (s * elem_max > 3.4e38),
+  the scale is the step below it instead, the largest whose top value is finite, and elements
+  past s * elem_max saturate to elem_max: they lose under one scale step times elem_max, which
+  for amax = 3.4028e38 is 0.19% (bf16 scales: int4, fp8) or 0.006% (int8), far inside half a
+  grid step. Dequantizing also saturates to the largest f32, so nothing finite becomes inf.
 - A NaN or infinity in a block makes its amax, hence its scale, non-finite (NaN is checked for
   explicitly: XLA:CPU's vectorised max reduction can drop it); the payload of such a
   block is forced to 0 (casting NaN to an integer is undefined, and e4m3 would turn overflow into
@@ -114,9 +118,13 @@ def _pow2(k: jax.Array) -> jax.Array:
 
 
 def _check_float(x: Any, what: str) -> jax.Array:
-    x = jnp.asarray(x)
+    try:
+        x = jnp.asarray(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} takes an array x (jax, numpy or a float), got "
+                        f"{type(x).__name__}") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{what} needs a floating-point array, got dtype {x.dtype}; "
+        raise TypeError(f"{what} needs a floating-point array x, got dtype {x.dtype}; "
                         "cast integers to a float dtype first")
     return x
 
@@ -202,6 +210,12 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
     for _ in range(2):
         s = jnp.where(covers(s) | ~finite, s, _step(s, up=True))
+    # Near f32's maximum the grid's top value times that scale passes 3.4e38, where the exact
+    # rounding cannot compare: take one step down, the largest scale whose top stays finite
+    # (the block's largest elements then saturate to elem_max; module essay).
+    big = np.finfo(np.float32).max
+    s = jnp.where(_product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), big) > 0,
+                  _step(s, up=False), s)
     # Below f32's smallest normal, XLA:CPU would flush the scale anyway: store an exact zero.
     s = jnp.where(s.astype(jnp.float32) < np.finfo(np.float32).tiny, jnp.zeros((), dtype), s)
     s32 = s.astype(jnp.float32)
@@ -416,6 +430,9 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
 def dequantize(q: Quantized) -> jax.Array:
     """The f32 values a `Quantized` stands for: `[*lead, *shape]`, lead the batch axes of a
     stacked `Quantized` (as `from_bytes` of a `[*lead, nbytes]` buffer gives)."""
+    if not isinstance(q, Quantized):
+        raise TypeError(f"dequantize takes q, the Quantized that quantize returns, got "
+                        f"{type(q).__name__}")
     values = _apply_scale(decode_elements(q.payload, q.fmt), q.scales, q.fmt)
     lead = values.shape[:-2]
     n = math.prod(q.shape)

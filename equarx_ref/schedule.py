@@ -60,7 +60,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 
-from ._checks import count
+from ._checks import count, flag
 from .formats import Format
 
 __all__ = [
@@ -232,6 +232,7 @@ def torus_schedule(p1: int, p2: int, bidirectional: bool = False) -> Schedule:
     """
     _check_p(p1, "p1")
     _check_p(p2, "p2")
+    flag(bidirectional, "bidirectional")
     n = p1 * p2
     cols = [[i * p2 + j for i in range(p1)] for j in range(p2)]  # groups along axis 0
     rows = [[i * p2 + j for j in range(p2)] for i in range(p1)]  # groups along axis 1
@@ -282,15 +283,16 @@ def one_shot_schedule(p: int) -> Schedule:
 
 def make_schedule(algorithm: str, shape: tuple[int, ...]) -> Schedule:
     """The schedule of `algorithm` (any of `ALGORITHMS` but "psum") on `shape` (p,) or (p1, p2)."""
-    shape = tuple(shape)
     if algorithm == "psum" or algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r} for a schedule; "
                          f"choose one of {ALGORITHMS[1:]}")
+    if not isinstance(shape, (tuple, list)) or len(shape) not in (1, 2):
+        raise ValueError(f"schedules run over one mesh axis or a pair: shape must be (p,) or "
+                         f"(p1, p2), got {shape!r}")
+    shape = tuple(count(q, "shape (devices per axis)") for q in shape)
     if len(shape) == 2:
         check_algorithm(algorithm, None, shape)
         return torus_schedule(*shape, bidirectional=algorithm == "bidir_ring")
-    if len(shape) != 1:
-        raise ValueError(f"schedules run over one mesh axis or a pair, got shape {shape}")
     builders = {"ring": ring_schedule, "bidir_ring": bidir_ring_schedule,
                 "two_shot": two_shot_schedule, "one_shot": one_shot_schedule}
     return builders[algorithm](shape[0])
@@ -337,6 +339,9 @@ def simulate(schedule: Schedule) -> list[list[Counter]]:
     Returns `held[device][chunk]`, a Counter of input devices (a count of 2 would mean an input
     was added twice). A correct AllReduce ends with every count exactly 1 on every device.
     """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule (make_schedule, ring_schedule, ...), "
+                        f"got {schedule!r}")
     return walk(schedule, lambda d, c: Counter({d: 1}), lambda v, time: v.copy(),
                 lambda a, b: a + b)
 
@@ -349,6 +354,9 @@ def layout(n: int, chunks: int, align: int, num_chunks: int = 1
     zero-padded at the end; with `num_chunks=k` each chunk is cut into at most k pieces of whole
     `align` units (never more pieces than units). n = 0 gives L = 0 and no pieces.
     """
+    n = count(n, "n (values)", minimum=0)
+    chunks, align = count(chunks, "chunks"), count(align, "align")
+    num_chunks = count(num_chunks, "num_chunks")
     units = -(-n // (chunks * align))  # aligned units per chunk
     k = min(num_chunks, units)
     bounds = [units * j // k for j in range(k + 1)] if k else [0]

@@ -4,7 +4,9 @@ Written from the documented rules (the essay of equarx_ref/quantize.py, the coll
 never from the package's code. It reads only the public fields of a `Format` (name, block size,
 scale type); element grids come from ml_dtypes, and every decision is exact:
 
-    scale  bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax
+    scale  bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax; if that
+           s * elem_max exceeds f32's maximum, the scale-dtype value just below it
+           (elements saturating at +-elem_max)
            E8M0 (MX): 2^k, k = ceil(log2(amax / elem_max)), stored as the byte k + 127;
            or, with the OCP MX v1.0 floor rule, k = floor(log2(amax)) - emax_elem (emax_elem
            the exponent of the grid's largest value), elements saturating at +-elem_max
@@ -134,6 +136,10 @@ def quantize_blocks(x: np.ndarray, fmt) -> RefQuantized:
         positive = np.where(amax_f > 0, amax_f, 1.0)
         s = np.where(amax_f > 0, _smallest_covering(positive, emax, fmt.scale_dtype), 0.0)
         s = np.where(amax_f < F32_TINY * emax, 0.0, s)  # amax / emax below f32's normals
+        # the top grid value past f32's maximum: the scale one step below (elements saturate)
+        below = np.maximum(s, F32_TINY).astype(dtype).view(_SCALE_TYPES[fmt.scale_dtype][1])
+        below = (below - 1).view(dtype).astype(np.float64)
+        s = np.where(s * emax > F32_MAX, below, s)
         stored = np.where(finite, s, np.where(np.isnan(amax), np.nan, np.inf)).astype(dtype)
 
     # round(|x| / s) to nearest, ties to the even code: compare |x| with midpoint * s, exactly.

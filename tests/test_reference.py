@@ -97,6 +97,15 @@ def _small_blocks(rng, B):
     return sign * mag
 
 
+def _near_max_blocks(rng, B):
+    """Blocks whose amax is f32's largest value or within 2^-6 of it, signs mixed: where the
+    covering scale puts the grid's top past 3.4e38 (issue 21)."""
+    amax = ref.F32_MAX * (1 - np.array([0.0, 2.0**-24, 2.0**-12, 2.0**-8, 2.0**-6]))
+    x = rng.uniform(-1, 1, (len(amax), B)) * amax[:, None]
+    x[:, 0] = amax * np.where(np.arange(len(amax)) % 2, -1, 1)
+    return x
+
+
 @functools.cache
 def dataset(name):
     """{kind: f32 blocks [blocks, B]} for one format, seeded by its name."""
@@ -117,6 +126,7 @@ def dataset(name):
         "all-zero": _zero_blocks(B),
         "non-finite": _non_finite_blocks(B),
         "small normal": _small_blocks(rng, B),
+        "near max": _near_max_blocks(rng, B),
     }
     if fmt.is_mx:  # E8M0 scales reach 2^-127 (the exponent clips there): no zero-scale rule
         data["tiny (E8M0)"] = np.stack([np.full(B, 1e-37), np.full(B, -3e-37)])
@@ -198,6 +208,30 @@ def test_small_normal_blocks_follow_the_same_rules(name, mode):
     exactly there too (an exact comparison must not lose its difference to a flush to zero)."""
     errors = _check(name, mode, ["small normal"])
     assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_blocks_near_f32_max_stay_within_the_bound(name):
+    """amax up to 3.4028e38: bitwise the reference, finite, and each value within the format's
+    usual error (half a grid step of the block, as everywhere else) plus the saturation's
+    loss, under one scale step (2^-7 of amax at most for a bf16 scale)."""
+    errors = _check(name, "jit", ["near max"])
+    assert not errors, "\n".join(errors)
+    fmt = eq.Format.parse(name)
+    x = dataset(name)["near max"]
+    y = np.asarray(eq.dequantize(eq.quantize(jnp.asarray(x, jnp.float32), fmt)), np.float64)
+    assert np.isfinite(y).all()
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    if fmt.is_int:
+        half_step = amax / (2 * fmt.elem_max)
+    else:  # half an ULP of the element format, relative to the value (or to amax, when small)
+        half_step = np.maximum(np.abs(x), amax / 2**fmt.mant_bits) * 2.0 ** -(fmt.mant_bits + 1)
+    half_step *= 2 if fmt.is_mx else 1 + 2.0**-7  # an E8M0 scale is up to 2x coarse
+    err = np.abs(y - x)
+    worst = float((err / half_step).max())
+    assert worst <= 1, f"{name}: error up to {worst:.2f} half steps near f32's maximum"
+    top = np.abs(y).max(axis=1) / amax[:, 0]
+    assert top.min() > 1 - 2.0**-7, f"{name}: the largest value lost {1 - top.min():.2%}"
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])

@@ -49,7 +49,7 @@ import math
 
 import jax.numpy as jnp
 
-from .._checks import count
+from .._checks import count, number, value_dtype
 from ..formats import Format
 from ..quantize import encoded_bytes
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
@@ -97,15 +97,19 @@ class Chip:
     codec_bandwidth: float | None = None
 
     def __post_init__(self):
-        for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"Chip.{field} must be positive, got {getattr(self, field)!r}")
-        if self.codec_bandwidth is not None and not self.codec_bandwidth > 0:
-            raise ValueError(f"Chip.codec_bandwidth must be positive or None, "
-                             f"got {self.codec_bandwidth!r}")
-        for field in ("hop_latency", "quantize_overhead"):
-            if not getattr(self, field) >= 0:
-                raise ValueError(f"Chip.{field} must be >= 0, got {getattr(self, field)!r}")
+        for field in ("name", "source"):
+            if not isinstance(getattr(self, field), str):
+                raise TypeError(f"Chip.{field} must be a string, got {getattr(self, field)!r}")
+        for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops", "hop_latency",
+                      "quantize_overhead", "codec_bandwidth"):
+            if field != "codec_bandwidth" or self.codec_bandwidth is not None:
+                number(getattr(self, field), f"Chip.{field}",
+                       positive=field not in ("hop_latency", "quantize_overhead"))
+        count(self.links, "Chip.links")
+        if not isinstance(self.torus, tuple):
+            raise TypeError(f"Chip.torus must be a tuple of chips per axis, got {self.torus!r}")
+        for q in self.torus:
+            count(q, "Chip.torus (chips per axis)")
 
 
 _BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of chip figures"
@@ -148,6 +152,8 @@ class Phase:
 def as_chip(chip) -> Chip:
     if isinstance(chip, Chip):
         return chip
+    if not isinstance(chip, str):
+        raise TypeError(f"chip must be a name in CHIPS {sorted(CHIPS)} or a Chip, got {chip!r}")
     if chip not in CHIPS:
         raise ValueError(f"unknown chip {chip!r}; choose one of {sorted(CHIPS)} or pass a Chip")
     return CHIPS[chip]
@@ -160,6 +166,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     `p` may be a pair (2D torus: a ring along axis 0, then along axis 1, gathers back).
     """
     n = count(n, "n (values)", minimum=0)
+    itemsize = value_dtype(dtype).itemsize
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     total = math.prod(shape)
@@ -167,7 +174,6 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         algorithm, fmt = "bidir_ring", None
     if n == 0 or total == 1:
         return []
-    itemsize = jnp.dtype(dtype).itemsize
     enc_all = encoded_bytes(n, fmt, dtype)
     quantized = int(fmt is not None)
     out: list[Phase] = []
@@ -265,9 +271,11 @@ def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
 def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,
                     dtype="bfloat16", max_chunks: int = 256) -> int:
     """The pipeline depth (a power of two up to `max_chunks`) the model finds fastest."""
+    max_chunks = count(max_chunks, "max_chunks")
+    predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, dtype=dtype)  # checks all
     if algorithm not in RING_FAMILY:
         return 1
-    depths = [1 << i for i in range(int(math.log2(count(max_chunks, "max_chunks"))) + 1)]
+    depths = [1 << i for i in range(int(math.log2(max_chunks)) + 1)]
     return min(depths, key=lambda k: predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip,
                                                     num_chunks=k, dtype=dtype))
 

@@ -102,7 +102,10 @@ def gaussian_relative_error(fmt: Format, *, samples: int = 1 << 16, seed: int = 
     lands anywhere up to 2x above amax / qmax; there the constant is measured with this
     package's own quantizer on `samples` seeded Gaussian values.
     """
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format, got {fmt!r}")
     count(samples, "samples", minimum=1024)
+    count(seed, "seed", minimum=0)
     if fmt.is_int and not fmt.is_mx:  # a power-of-two scale is up to 2x coarse: measured
         b, qmax = fmt.block_size, fmt.elem_max
         e_amax2 = _gaussian_amax2(b)

@@ -60,6 +60,9 @@ def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
     all-gather. A collective inside a loop body is counted once, not once per trip.
     """
     p = count(p, "p (devices)")
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"hlo_text must be the compiled program's text (as_text()), got "
+                        f"{type(hlo_text).__name__}")
     out: dict[str, float] = {}
     for line in hlo_text.splitlines():
         m = _HLO_OP.search(line)

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import math
 
-import jax.numpy as jnp
-
-from .._checks import count
+from .._checks import count, value_dtype
 from ..formats import Format
 from ..quantize import encoded_bytes
 from ..schedule import check_algorithm, device_shape, layout, make_schedule
 from .error import uniform_relative_error
-from .hops import hop_plan, plan_relative_error, step_weights
+from .hops import HOP_BITS, hop_plan, plan_relative_error, step_weights
 
 __all__ = ["predicted_relative_error", "wire_bytes"]
 
@@ -62,14 +60,17 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     rounding and rotation do not change the bytes.
     """
     n = count(n, "n (values)", minimum=0)
-    if fmt is not None and n * jnp.dtype(dtype).itemsize < count(min_bytes, "min_bytes",
-                                                                 minimum=0):
+    itemsize = value_dtype(dtype).itemsize
+    if hop_bits not in HOP_BITS:
+        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
+    min_bytes = count(min_bytes, "min_bytes", minimum=0)
+    if fmt is not None and n * itemsize < min_bytes:
         fmt = None
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     total = math.prod(shape)
     if algorithm == "psum":
-        return 2 * (total - 1) * n * jnp.dtype(dtype).itemsize // total
+        return 2 * (total - 1) * n * itemsize // total
     if total == 1:
         return 0
     chunks = 1 if algorithm == "one_shot" else total * (2 if algorithm == "bidir_ring" else 1)
