@@ -10,7 +10,9 @@ For each block of `B` consecutive values (a `Format` fixes B, the element grid a
 Both rules hold exactly, under `jit` and eagerly alike. That takes care: XLA turns a division by
 a constant or a broadcast into a multiplication by a rounded reciprocal, which can land one
 scale step too high or on the wrong side of a rounding tie. So the quantizer estimates with the
-reciprocal and then settles every close call with exact comparisons (`_product_vs`).
+reciprocal and then settles every close call with exact comparisons: with a bf16 scale (8
+significant bits) a midpoint times the scale, (q +- 1/2) s, is exact in f32, so a plain
+comparison with x decides; an f32 scale is split into two halves first (`_split`).
 
 Error. For integer grids the step is `s`, so round-to-nearest is off by at most s/2 and
 stochastic rounding by less than one step, with zero mean. For float grids (fp8, fp4) the step
@@ -56,6 +58,24 @@ The wire codec. `Codec(fmt, dtype)` is what a collective sends per message: `enc
 `fmt`, or with `fmt=None` the raw bits of `dtype` (a bf16 ring really sends 2 bytes per value),
 and the accumulation dtype the receiver adds in (f32, or f64 for f64 inputs). The executor in
 collectives.py and the Pallas kernels use this one codec, so both send the same bytes.
+
+Speed. Quantizing is compute bound on a CPU: its cost is the operations per element, and
+XLA:CPU's fusion decides how many there are (issue 20). Measured: CPU time, 4M values,
+quantize + dequantize under one jit, the least of 5 calls interleaved across formats.
+(1) The cause of int4's regression: `dequantize` unpacked 4-bit elements as a concatenation
+of the two nibble halves, and XLA fused the whole quantizer and its nibble-packing reduction
+into that concatenation (one fusion of 245 operations), a loop that jax 0.10.2's XLA:CPU
+runs about ten times slower per element: int4 9.7x int8's time, int4/f32 and fp4 12x (jax
+0.12 builds the same fusion and runs it at 0.7x). So `dequantize` unpacks through a broadcast, which
+keeps the packing out: int4 0.9x on the old code with only that changed. `decode` (bytes
+off the wire, no quantizer to fuse) keeps the concatenation. (2) XLA fuses cheap per-block
+operations into the per-element loop that reads them through a broadcast, so the scale
+search (estimate, exact steps, `_norm`, 1/s) ran again for every element of its block: an
+exact integer division by a per-block 1 that XLA cannot fold (`_once`) makes it compute the
+scale once (int8 10-12 ms -> 5-6 ms, int4/f32 22 -> 6 ms, both jax versions). (3) The
+rounding compares x with one midpoint only, a plain product for bf16 scales, and reads the
+codes off the rounded units directly (`_nearest_codes`). All three: int8 22.5 -> 5.7 ms,
+int4 219 -> 5.5 ms (jax 0.10.2); int8 32 -> 5.3 ms, int4 23 -> 5.3 ms (jax 0.12).
 """
 
 from __future__ import annotations
@@ -149,6 +169,14 @@ def _lift(amax: jax.Array) -> jax.Array:
     return jnp.where(amax < 2.0**-60, jnp.float32(2.0**64), jnp.float32(1.0))
 
 
+def _norm(s: jax.Array, fmt: Format) -> jax.Array:
+    """A power of two per block bringing its f32 scale s into range for the exact comparisons:
+    2^64 for a tiny block (s * elem_max < 2^-60: `_lift`), 2^-64 for a huge one (s > 2^64,
+    whose reciprocal would be subnormal, flushed to zero, past 2^126), else 1. Values that
+    2^-64 flushes (|x| < 2^-62) are below 2^-126 s, so they round to zero either way."""
+    return jnp.where(s > 2.0**64, jnp.float32(2.0**-64), _lift(s * fmt.elem_max))
+
+
 def _product_vs(coef, s: tuple[jax.Array, jax.Array], a: jax.Array) -> jax.Array:
     """sign(coef * s - a), exactly, for s = `_split(s)`, a >= 0 and coef with <= 12 bits.
 
@@ -179,8 +207,9 @@ def _step(s: jax.Array, up: bool) -> jax.Array:
     return jnp.where(jnp.isfinite(s), lax.bitcast_convert_type(stepped.astype(uint), s.dtype), s)
 
 
-def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per block: (stored scale, scale as f32, multiplier taking x to element units)."""
+def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """Per block: (stored scale, scale as f32, None) for bf16/f32 scales; (E8M0 code, None,
+    the exact power of two taking x to element units) for MX."""
     finite = jnp.isfinite(amax)
     if fmt.scale_dtype == "e8m0":
         # amax in [2^(e-1), 2^e) and elem_max in [2^f, 2^(f+1)), f = emax_elem.
@@ -197,29 +226,38 @@ def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Arr
         return code, None, inv
     # The smallest scale-dtype value s with s * elem_max >= amax. Estimate it (XLA multiplies
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
-    # and up while s does not: two steps each way cover the estimate's error.
+    # and up while s does not. The estimate is within two f32 ulps of amax / elem_max: one
+    # step each way for a bf16 scale (its steps are 2^16 ulps), two for an f32 scale.
+    # (Under jax 0.12, XLA:CPU recomputes these per-block operations for every element of the
+    # block inside the quantizer's loop, so their number matters.)
     dtype = jnp.dtype(fmt.scale_dtype)
 
     lift = _lift(amax)
+    bf16 = fmt.scale_dtype == "bfloat16" and _bits(fmt.elem_max) + 8 <= 24
 
     def covers(s):  # s * elem_max >= amax, exactly
-        return _product_vs(fmt.elem_max, _split(s.astype(jnp.float32) * lift), amax * lift) >= 0
+        s = s.astype(jnp.float32) * lift
+        if bf16:  # 8 + at most 16 significant bits: the product is exact (or inf, past amax)
+            return s * fmt.elem_max >= amax * lift
+        return _product_vs(fmt.elem_max, _split(s), amax * lift) >= 0
 
     s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
-    for _ in range(2):
+    for _ in range(1 if bf16 else 2):
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
-    for _ in range(2):
+    for _ in range(1 if bf16 else 2):
         s = jnp.where(covers(s) | ~finite, s, _step(s, up=True))
     # Near f32's maximum the grid's top value times that scale passes 3.4e38, where the exact
     # rounding cannot compare: take one step down, the largest scale whose top stays finite
     # (the block's largest elements then saturate to elem_max; module essay).
     big = np.finfo(np.float32).max
-    s = jnp.where(_product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), big) > 0,
-                  _step(s, up=False), s)
+    if bf16:  # exact product, or inf past f32's maximum
+        past = s.astype(jnp.float32) * fmt.elem_max > big
+    else:
+        past = _product_vs(fmt.elem_max, _split(s.astype(jnp.float32)), big) > 0
+    s = jnp.where(past, _step(s, up=False), s)
     # Below f32's smallest normal, XLA:CPU would flush the scale anyway: store an exact zero.
     s = jnp.where(s.astype(jnp.float32) < np.finfo(np.float32).tiny, jnp.zeros((), dtype), s)
-    s32 = s.astype(jnp.float32)
-    return s, s32, jnp.where(s32 > 0, 1.0 / s32, 0.0)
+    return s, s.astype(jnp.float32), None
 
 
 def _apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
@@ -249,43 +287,79 @@ def _ulp_exponent(q: jax.Array, fmt: Format) -> jax.Array:
     return jnp.maximum(e, fmt.min_exponent) - fmt.mant_bits
 
 
-def _neighbours(q: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(below, above, odd) for grid values q >= 0: the neighbouring grid values (q itself at
-    the grid's ends) and whether q's code is odd (its last mantissa bit; integers: q odd)."""
-    if fmt.is_int:
-        odd = q - 2 * jnp.floor(q * 0.5) == 1
-        return jnp.maximum(q - 1, 0), jnp.minimum(q + 1, fmt.elem_max), odd
-    k = _ulp_exponent(q, fmt)
-    step = _pow2(k)
-    # a normal power of two has the finer binade below it
-    power = (lax.bitcast_convert_type(q, jnp.int32) & 0x7FFFFF == 0) & (q > 2.0**fmt.min_exponent)
-    down = q - jnp.where(power, 0.5 * step, step)
-    ratio = q * _pow2(-k)  # exact: q is a whole number of steps
-    odd = ratio - 2 * jnp.floor(ratio * 0.5) == 1
-    return jnp.maximum(down, 0), jnp.minimum(q + step, fmt.elem_max), odd
+def _bits(value: float) -> int:
+    """Significant bits of a positive float (a grid value such as elem_max)."""
+    m, _ = math.frexp(value)
+    bits = 0
+    while m:
+        m, bits = (m * 2) % 1, bits + 1
+    return bits
 
 
-def _nearest_even(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax.Array:
-    """round(x / s) to the nearest grid value, ties to even, exactly; f32 result.
+def _midpoint_bits(fmt: Format) -> int:
+    """Significant bits of a midpoint n +- 1/2 in units of the grid's spacing: |n| < 2^(bits-1)
+    for integers; n <= 2^(m+1) for a float grid with m mantissa bits (its binade's top)."""
+    return fmt.elem_bits if fmt.is_int else fmt.mant_bits + 3
 
-    `v = x * fl(1/s)` is the quantizer's fast estimate; it can sit on the wrong side of a
-    midpoint by a rounding. So the remainder r = |x| - q s of the grid value q it gives is
-    computed exactly (s split into head + tail: q * head and q * tail are exact, and
-    |x| - q * head cancels exactly, Sterbenz) and compared with the half steps to both
-    neighbours, h s: sign((r - h head) - (q + h) tail) is exact by the same argument.
+
+def _nearest_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax.Array:
+    """round(x / s) to the nearest grid value, ties to even, exactly; its int32 code.
+
+    `v = x * fl(1/s)` is the quantizer's fast estimate, within a few f32 ulps of x / s. In
+    units u of the grid's spacing at v (1 for integers, 2^k in v's binade for floats) it
+    rounds to n = round(v / u); that can sit on the wrong side of a midpoint by a rounding,
+    never further, and only of the midpoint nearest to v / u: m = n + h, h = +1/2 if v / u
+    >= n, else -1/2. So one exact comparison of x with m u s decides whether n moves by one
+    (towards m; on m itself only from an odd n, ties to even). Signed values throughout:
+
+    - bf16 scale (8 significant bits): m has at most `_midpoint_bits` bits, so m u s is exact
+      in f32 and a plain comparison with x settles it;
+    - f32 scale (24 bits): s is split into head + tail (`_split`); r = x - n u head is exact
+      (Sterbenz), and so is the sign of (r - h u head) - m u tail.
+
+    A float grid's spacing halves below a power of two, but the midpoint there is a quarter
+    step away from v's estimate, which an estimate this close never crosses: only the
+    midpoints of v's own binade can be in doubt. x and s come scaled by `_norm`, so that no
+    product or difference below is subnormal.
+
+    The code is read off n and k directly: an integer's is n; a float's magnitude is
+    (k - k_min) 2^mant_bits + n (n counts the hidden bit, and n = 2^(mant_bits+1) carries
+    into the next binade, as the code does), its sign bit x's, also at zero (-0).
     """
-    lift = _lift(s * fmt.elem_max)[..., None]
-    head, tail = _split(s[..., None] * lift)
-    q = jnp.abs(_round_to_grid(v, fmt, None))
-    down, up, odd = _neighbours(q, fmt)
-    r = jnp.abs(x) * lift - q * head  # exact
-    h_up, h_down = (up - q) * 0.5, (q - down) * 0.5  # half steps, exact
-    above = jnp.sign((r - h_up * head) - (q + h_up) * tail)  # > 0: past the upper midpoint
-    below = jnp.sign((r + h_down * head) - (q - h_down) * tail)  # < 0: under the lower one
-    scaled = head > 0  # a zero scale (an all-zero or flushed block) keeps q = 0
-    q = jnp.where(scaled & (up > q) & ((above > 0) | ((above == 0) & odd)), up, q)
-    q = jnp.where(scaled & (down < q) & ((below < 0) | ((below == 0) & odd)), down, q)
-    return jnp.where(jnp.signbit(x), -q, q)
+    v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
+    if fmt.is_int:
+        w, unit = v, None
+    else:  # unit = 2^k = max(2^e, 2^emin) 2^-m for |v| in [2^e, 2^(e+1)); 1/unit from its bits
+        top = lax.bitcast_convert_type(lax.bitcast_convert_type(v, jnp.int32) & 0x7F800000,
+                                       jnp.float32)  # 2^e (0 for v = 0)
+        unit = jnp.maximum(top, 2.0**fmt.min_exponent) * 2.0**-fmt.mant_bits
+        ubits = lax.bitcast_convert_type(unit, jnp.int32)
+        w = v * lax.bitcast_convert_type(0x7F000000 - ubits, jnp.float32)  # exact
+    n = jnp.round(w)
+    h = jnp.where(w >= n, 0.5, -0.5)  # towards the midpoint nearest to the estimate
+    # a zero scale (all-zero or flushed block) or a non-finite one keeps n: no comparison with
+    # an infinite scale holds (it gives +-inf, or NaN where n = 0)
+    S = jnp.where(s > 0, s, jnp.inf)
+    if fmt.scale_dtype == "bfloat16" and _midpoint_bits(fmt) + 8 <= 24:
+        mid = (n + h) * (S if unit is None else S * unit)  # exact (or +-inf beyond f32)
+        beyond = jnp.where(h > 0, x > mid, x < mid)
+        tie = x == mid
+    else:
+        head, tail = _split(S)
+        if unit is not None:
+            head, tail = head * unit, tail * unit  # exact
+        d = ((x - n * head) - h * head) - (n + h) * tail  # the sign of x - m u s, exact
+        beyond = jnp.where(h > 0, d > 0, d < 0)
+        tie = d == 0
+    c = n.astype(jnp.int32)
+    c = c + jnp.where(beyond | (tie & ((c & 1) == 1)), jnp.where(h > 0, 1, -1), 0)
+    if unit is None:  # a block near f32's maximum, its scale stepped down (`_scales`), may
+        # put x past (elem_max + 1/2) s: it saturates to +-elem_max. (A float grid's top
+        # midpoint is at least 1/32 beyond elem_max, past one bf16 scale step: never crossed.)
+        return jnp.clip(c, -int(fmt.elem_max), int(fmt.elem_max))
+    kmin_bits = (127 + fmt.min_exponent - fmt.mant_bits) << 23  # unit's bits at k_min
+    mag = ((ubits - kmin_bits) >> (23 - fmt.mant_bits)) + jnp.abs(c)
+    return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
@@ -318,12 +392,13 @@ def _float_codes(q: jax.Array, fmt: Format) -> jax.Array:
 
 
 def _float_values(c: jax.Array, fmt: Format) -> jax.Array:
-    """Inverse of `_float_codes`: int32 codes -> f32 grid values."""
+    """Inverse of `_float_codes`: int32 codes -> f32 grid values. A normal code's bits, moved
+    to f32's exponent and mantissa fields and rebiased, are the value; a subnormal code's
+    mantissa counts steps of 2^(emin - m)."""
     m, emin = fmt.mant_bits, fmt.min_exponent
-    e = c >> m & ((1 << (fmt.elem_bits - 1 - m)) - 1)
-    mant = c & ((1 << m) - 1)
-    significand = jnp.where(e > 0, mant + (1 << m), mant).astype(jnp.float32)
-    mag = significand * _pow2(jnp.maximum(e, 1) - 1 + emin - m)
+    mag = c & ((1 << (fmt.elem_bits - 1)) - 1)
+    normal = lax.bitcast_convert_type((mag << (23 - m)) + ((126 + emin) << 23), jnp.float32)
+    mag = jnp.where(mag >= 1 << m, normal, mag.astype(jnp.float32) * 2.0 ** (emin - m))
     return jnp.where(c >> (fmt.elem_bits - 1) & 1 == 1, -mag, mag)
 
 
@@ -344,7 +419,11 @@ def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
 
 def encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values [..., B] -> packed uint8 [..., B * elem_bits / 8]."""
-    codes = q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt)
+    return _pack_codes(q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt), fmt)
+
+
+def _pack_codes(codes: jax.Array, fmt: Format) -> jax.Array:
+    """int32 codes [..., B] (two's complement for integers) -> packed uint8 [..., PB]."""
     codes = codes & ((1 << fmt.elem_bits) - 1)
     if fmt.elem_bits == 8:
         return codes.astype(jnp.uint8)
@@ -361,11 +440,24 @@ def encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     return _pack_bits(codes, fmt.elem_bits)
 
 
-def decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
-    """Packed uint8 [..., PB] -> grid values f32 [..., B]."""
-    if fmt.elem_bits == 4:
-        payload = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1)
-    if fmt.elem_bits in (4, 8):
+def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True) -> jax.Array:
+    """Packed uint8 [..., PB] -> grid values f32 [..., B].
+
+    4-bit elements: byte i holds elements i (low nibble) and i + B/2 (high nibble). Two ways to
+    unpack them, for XLA:CPU's sake (jax 0.10; measured, "Speed" in the module essay):
+    `from_wire` bytes (decode: they arrive from a collective) as a concatenation of the two
+    nibble halves, which XLA materialises once so that every consumer reads plain bytes;
+    bytes fresh from `quantize` in the same jit (dequantize) through a broadcast, which keeps
+    XLA from fusing the nibble-packing reduction, and with it the whole quantizer, into the
+    unpacking, which jax 0.10.2 runs about ten times slower (int4 9.7x int8).
+    """
+    if fmt.elem_bits == 4 and from_wire:
+        c = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1).astype(jnp.int32)
+    elif fmt.elem_bits == 4:
+        shifts = 4 * lax.broadcasted_iota(jnp.int32, (2, 1), 0)  # [[0], [4]]
+        c = (payload.astype(jnp.int32)[..., None, :] >> shifts) & 0xF  # [..., 2, B/2]
+        c = c.reshape(*payload.shape[:-1], -1)
+    elif fmt.elem_bits == 8:
         c = payload.astype(jnp.int32)
     else:
         c = _unpack_bits(payload, fmt.elem_bits)
@@ -385,6 +477,21 @@ def _blocks(x: jax.Array, fmt: Format) -> jax.Array:
     return jnp.pad(flat, (0, pad)).reshape(-1, fmt.block_size)
 
 
+def _once(a: jax.Array, amax: jax.Array) -> jax.Array:
+    """The per-block f32 array `a`, unchanged, but computed once per block.
+
+    XLA:CPU fuses cheap per-block operations into the per-element loop that reads them through
+    a broadcast, so, unless a block's scale is also an output of its own, the whole scale
+    search ran again for every element of the block (jax 0.10.2 and 0.12; "Speed" in the
+    module essay). XLA never duplicates a division into a loop that reuses its elements: an
+    exact integer division of a's bits by a per-block 1 (amax is never negative, NaN < 0 is
+    false) that XLA cannot fold away makes the per-element loop read a stored array.
+    """
+    one = 1 + (amax < 0).astype(jnp.int32)
+    return lax.bitcast_convert_type(lax.div(lax.bitcast_convert_type(a, jnp.int32), one),
+                                    jnp.float32)
+
+
 def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:
     """[..., blocks, B] f32 -> (payload uint8 [..., blocks, PB], stored scales [..., blocks])."""
     amax = jnp.max(jnp.abs(xb), axis=-1)
@@ -394,12 +501,20 @@ def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Ar
     stored, s, inv = _scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]
     xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
-    v = jnp.where(finite, xb * inv[..., None], 0.0)
-    if key is None and s is not None:  # exact round(x / s); an E8M0 scale makes v exact already
-        q = _nearest_even(xb, v, s, fmt)
-    else:
-        q = _round_to_grid(v, fmt, key)
-    return encode_elements(q, fmt), stored
+    if s is None:
+        inv = _once(inv, amax)[..., None]
+        return encode_elements(_round_to_grid(jnp.where(finite, xb * inv, 0.0), fmt, key),
+                               fmt), stored
+    s = _once(s, amax)
+    stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
+    norm = _norm(s, fmt)  # x and s scaled alike by a power of two: the same ratios
+    s = s * norm
+    inv = jnp.where(s > 0, 1.0 / s, 0.0)[..., None]
+    xb, s = xb * norm[..., None], s[..., None]
+    v = jnp.where(finite, xb * inv, 0.0)
+    if key is not None:
+        return encode_elements(_round_to_grid(v, fmt, key), fmt), stored
+    return _pack_codes(_nearest_codes(xb, v, s, fmt), fmt), stored  # exact round(x / s)
 
 
 def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quantized:
@@ -433,7 +548,7 @@ def dequantize(q: Quantized) -> jax.Array:
     if not isinstance(q, Quantized):
         raise TypeError(f"dequantize takes q, the Quantized that quantize returns, got "
                         f"{type(q).__name__}")
-    values = _apply_scale(decode_elements(q.payload, q.fmt), q.scales, q.fmt)
+    values = _apply_scale(decode_elements(q.payload, q.fmt, from_wire=False), q.scales, q.fmt)
     lead = values.shape[:-2]
     n = math.prod(q.shape)
     return values.reshape(*lead, -1)[..., :n].reshape(*lead, *q.shape)
@@ -492,7 +607,7 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
         raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
                          f"block_size {fmt.block_size} (use from_bytes and dequantize)")
     q = from_bytes(buf, fmt, (n,))
-    values = _apply_scale(decode_elements(q.payload, fmt), q.scales, fmt)
+    values = _apply_scale(decode_elements(q.payload, fmt, from_wire=True), q.scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
 
 

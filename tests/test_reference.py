@@ -5,7 +5,7 @@ The data: Gaussian blocks over twelve decades, bf16-valued blocks (amax / elem_m
 exactly a bf16 value: the case a reciprocal rounds one step too high), heavy tails (Student-t
 with 2 degrees of freedom, lognormal magnitudes), blocks built on rounding ties (values exactly
 half-way between grid points once scaled, and one f32 ulp either side), the blocks the issue
-reported, all-zero, tiny and non-finite blocks.
+reported, all-zero, tiny, non-finite and near-overflow (amax up to f32's largest) blocks.
 """
 
 import functools
@@ -68,6 +68,19 @@ def _tie_blocks(fmt, rng, n):
     return x[:, rng.permutation(B)]
 
 
+def _huge_blocks(fmt, rng, B):
+    """amax between 2^126 and f32's largest value (that value itself in some blocks): scales,
+    reciprocals, midpoint products and dequantized values near overflow. (int2's elem_max 1
+    leaves no finite bf16 scale above bf16's largest value, 3.39e38: its top is that.)"""
+    bf16_max = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    top = min(ref.F32_MAX, bf16_max * ref.grid(fmt.name)[0][-1])
+    amax = np.float32(2.0**126) * rng.uniform(1, 2, 8).astype(np.float32)
+    amax[::4] = top
+    x = rng.uniform(-1, 1, (8, B)) * amax[:, None].astype(np.float64)
+    x[:, 0] = amax
+    return np.clip(x, -ref.F32_MAX, ref.F32_MAX)
+
+
 def _zero_blocks(B):
     """All-zero blocks, one of them with -0.0 values: scale 0 (E8M0: 2^-127), zero payload."""
     neg_zero = np.where(np.arange(B) % 2 == 1, np.float32(-0.0), np.float32(0.0))
@@ -127,6 +140,7 @@ def dataset(name):
         "non-finite": _non_finite_blocks(B),
         "small normal": _small_blocks(rng, B),
         "near max": _near_max_blocks(rng, B),
+        "huge": _huge_blocks(fmt, rng, B),
     }
     if fmt.is_mx:  # E8M0 scales reach 2^-127 (the exponent clips there): no zero-scale rule
         data["tiny (E8M0)"] = np.stack([np.full(B, 1e-37), np.full(B, -3e-37)])
@@ -191,7 +205,7 @@ def _check(name, mode, kinds):
 
 
 REGULAR = ["gaussian", "bf16-valued", "student-t(2)", "lognormal(0, 3)", "ties", "issue 8",
-           "all-zero", "tiny (E8M0)"]
+           "all-zero", "tiny (E8M0)", "huge"]
 
 
 @pytest.mark.parametrize("name,mode", [(n, m) for n in FORMATS for m in ("jit", "eager")]
