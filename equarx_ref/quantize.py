@@ -60,7 +60,7 @@ and the accumulation dtype the receiver adds in (f32, or f64 for f64 inputs). Th
 collectives.py and the Pallas kernels use this one codec, so both send the same bytes.
 
 Speed. Quantizing is compute bound on a CPU: its cost is the operations per element, and
-XLA:CPU's fusion decides how many there are (issue 20). Measured: CPU time, 4M values,
+XLA:CPU's fusion decides how many there are. Measured: CPU time, 4M values,
 quantize + dequantize under one jit, the least of 5 calls interleaved across formats.
 (1) The cause of int4's regression: `dequantize` unpacked 4-bit elements as a concatenation
 of the two nibble halves, and XLA fused the whole quantizer and its nibble-packing reduction

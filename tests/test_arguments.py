@@ -1,4 +1,4 @@
-"""Misuse of the public API, table-driven (issue 21; the spirit of test_wrong.py's matrix).
+"""Misuse of the public API, table-driven (in the spirit of test_wrong.py's matrix).
 
 Every argument of every public callable in `equarx_ref` belongs to a class of input (a count, a
 format, an algorithm name, a chip, an axis name, ...); each class has its table of bad values;

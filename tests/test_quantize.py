@@ -302,7 +302,7 @@ def _cpu_seconds(fn, x) -> float:
     return time.process_time() - t0
 
 
-#: Every format with a bf16 or f32 scale, and the most it may cost against int8 (issue 20: 1.5x).
+#: Every format with a bf16 or f32 scale, and the most it may cost against int8 (1.5x).
 #: Healthy ratios, measured: integer grids 0.9-1.1, float grids 1.2-1.45 (their rounding and
 #: decoding take about twice int8's operations); the guard for float grids is 1.8x, so that
 #: load cannot fail it, while the regression it holds (10-12x) or any lost fusion (2x) fails.
@@ -311,7 +311,7 @@ GUARDED = {"int4": 1.5, "int8/f32": 1.5, "int4/f32": 1.5, "int4/b16": 1.5, "fp8_
 
 
 def test_quantize_dequantize_costs_at_most_one_and_a_half_int8s():
-    """Benchmark guard (issue 20): quantize + dequantize under one jit, 4M values (16 MiB),
+    """Benchmark guard: quantize + dequantize under one jit, 4M values (16 MiB),
     against int8's, side by side in one run: per round each format is called twice (the order
     reversed every other round) and the cheaper call kept; the ratio to int8 is the median
     over 7 rounds, in CPU time."""

@@ -112,7 +112,7 @@ def _small_blocks(rng, B):
 
 def _near_max_blocks(rng, B):
     """Blocks whose amax is f32's largest value or within 2^-6 of it, signs mixed: where the
-    covering scale puts the grid's top past 3.4e38 (issue 21)."""
+    covering scale puts the grid's top past 3.4e38."""
     amax = ref.F32_MAX * (1 - np.array([0.0, 2.0**-24, 2.0**-12, 2.0**-8, 2.0**-6]))
     x = rng.uniform(-1, 1, (len(amax), B)) * amax[:, None]
     x[:, 0] = amax * np.where(np.arange(len(amax)) % 2, -1, 1)
