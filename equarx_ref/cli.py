@@ -381,12 +381,49 @@ def _add_kernels(sub) -> None:
                        "bandwidth, measured on the chip. Without a TPU, no TPU figure.")
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
+    p.add_argument("--compile", metavar="TOPOLOGY", default=None,
+                   help="instead: compile every kernel and collective for a TPU slice, e.g. "
+                   "v5e:2x4 or v6e:2x4, with libtpu (no TPU needed; pip install "
+                   "'jax[tpu]==<your jax>'), and print which compiled")
     p.set_defaults(func=_cmd_kernels)
+
+
+def _cmd_compile(args) -> int:
+    import dataclasses
+
+    import jax
+
+    from . import tpu_compile
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    try:
+        tpu_compile.prepare_environment(args.compile)
+        tpu_compile.tpu_devices(args.compile)
+    except tpu_compile.LibtpuMissing as e:
+        print(f"equarx-ref kernels: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # an unknown topology, or libtpu refusing to start
+        first = (str(e).splitlines() or [""])[0]
+        print(f"equarx-ref kernels: cannot describe TPU topology {args.compile!r}: {first}",
+              file=sys.stderr)
+        return 2
+    results = tpu_compile.compile_matrix(
+        args.compile, progress=lambda m: print(f"  {m}", file=sys.stderr))
+    print(f"compiled with libtpu {tpu_compile.libtpu_version()} (jax {jax.__version__}) for "
+          f"{args.compile}; nothing ran on a TPU", file=out)
+    print(tpu_compile.format_table(results), file=out)
+    if args.json:
+        _write_json(args.json, {"topology": args.compile, "libtpu": tpu_compile.libtpu_version(),
+                                "results": [dataclasses.asdict(r) for r in results]})
+    return 0 if all(r.ok for r in results) else 1
 
 
 def _cmd_kernels(args) -> int:
     from . import devices
     from .kernels import checks
+
+    if args.compile is not None:
+        return _cmd_compile(args)
 
     out = sys.stderr if args.json == "-" else sys.stdout
     devs = devices.setup_devices(8)
@@ -399,9 +436,9 @@ def _cmd_kernels(args) -> int:
              "-" if c["races"] is None else str(c["races"])] for c in report["checks"]]
     print(_table(["p", "algorithm", "format", "pieces", "sabotage", "bitwise = xla", "races"],
                  rows), file=out)
-    print("the fused hop lowered for a TPU (Mosaic, checked from this machine):", file=out)
-    for name, status in report["lowering"].items():
-        print(f"  {name:>9}: {status}", file=out)
+    if not report["tpu"]:
+        print("whether they compile for a TPU: equarx-ref kernels --compile v5e:2x4 (libtpu)",
+              file=out)
     for t in report["timings"]:
         hbm = "" if t["hbm_gbps"] is None else f", {t['kernel_gbps'] / t['hbm_gbps']:.0%} of HBM"
         print(f"{t['chip']} fused hop {t['format']}: {t['kernel_gbps']:.0f} GB/s (XLA "

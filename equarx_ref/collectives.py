@@ -70,7 +70,7 @@ from .cost import default_min_bytes
 from .formats import Format
 from .hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
 from .predict import ALGORITHMS, check_algorithm, encoded_bytes
-from .quantize import decode, encode
+from .quantize import decode, decode_raw, encode, encode_raw
 from .rotation import inverse_rotate
 from .rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
@@ -96,15 +96,12 @@ class _Codec:
     def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
             return encode(v, self.fmt, key=key)
-        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
-        return raw.reshape(*v.shape[:-1], -1)
+        return encode_raw(v, self.dtype)
 
     def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
         if self.fmt is not None:
             return decode(buf, self.fmt, m).astype(self.acc)
-        if self.dtype.itemsize > 1:
-            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
-        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
+        return decode_raw(buf, self.dtype, m).astype(self.acc)
 
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)
@@ -268,6 +265,18 @@ def _invariant(x: jax.Array, axes) -> jax.Array:
     return flat.reshape(x.shape)
 
 
+def _device_kind() -> str:
+    """The kind of the devices the collective runs on: the mesh's (inside shard_map), not the
+    default backend's. On a single-chip TPU runtime (free Colab) a ring runs on simulated CPU
+    devices, and must not be gated as if it crossed TPU links."""
+    try:
+        device = jax.sharding.get_abstract_mesh().abstract_device
+    except Exception:  # no mesh context, or a jax without abstract devices
+        device = None
+    kind = getattr(device, "device_kind", None)
+    return kind if kind else jax.devices()[0].device_kind
+
+
 def _check_input(x) -> None:
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):
@@ -302,7 +311,8 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         min_bytes: the size gate: a message of fewer bytes (x.nbytes) runs unquantized, as
             XLA's quantized AllReduce and vLLM's QuickReduce do below their thresholds. None
             (default): the time model's crossover on a TPU (`cost.default_min_bytes`), 0 on
-            CPU devices, so on CPU every message is quantized. 0: never gate.
+            CPU devices, so on CPU every message is quantized; the devices are the mesh's
+            (those the collective runs on), not the default backend's. 0: never gate.
         key: a PRNG key: stochastic rounding on every quantization, independent per hop,
             pipeline piece and device (`fold_in`); unbiased. None: round to nearest, even.
         rotate: rotate every block by a shared randomized Hadamard transform before the first
@@ -336,7 +346,7 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
         return _invariant(x, axes)
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
-                                 device_kind=jax.devices()[0].device_kind) \
+                                 device_kind=_device_kind()) \
             if min_bytes is None else count(min_bytes, "min_bytes", minimum=0)
         fmt = None if x.nbytes < gate else fmt
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy

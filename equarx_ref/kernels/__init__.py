@@ -8,7 +8,7 @@ interpret mode on CPU devices, with the race detector on (`backend.py`).
 
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .checks import HopTiming, KernelCheck, check, measure_hop, report
-from .hop import fused_hop, hop_reference, lowering_error, wire_codec
+from .hop import fused_hop, hop_reference, wire_codec
 from .ring import RING_ALGORITHMS, SABOTAGES, RingPlan, plan_ring, ring_all_reduce
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "fused_hop",
     "hop_reference",
     "interpret_params",
-    "lowering_error",
     "measure_hop",
     "on_tpu",
     "plan_ring",

@@ -1,0 +1,287 @@
+"""Compiled for a TPU without one: libtpu's own compilers, run ahead of time from a CPU machine.
+
+`pip install "jax[tpu]==<jax version>"` installs libtpu on any Linux machine. Its compilers need
+no chip: `jax.experimental.topologies.get_topology_desc("v5e:2x4", platform="tpu")` describes a
+slice with compile-only devices, a `Mesh` of them stands where real chips would, and
+
+    jax.jit(f).trace(*shapes).lower().compile()
+
+runs XLA:TPU (and, for a Pallas kernel, the Mosaic compiler) exactly as on the chip's host.
+Nothing executes. What comes back is the TPU program: `as_text()` (its HLO, with the
+asynchronous collective-permute-start / -done pairs and the fusions XLA scheduled between
+them), `cost_analysis()` (XLA:TPU's own count of bytes accessed) and `memory_analysis()`.
+
+So "compiles for TPU" is a fact checked here, not a hope: `compile_matrix(topology)` compiles
+every algorithm x format of the XLA path, the 2D torus, the remedies, every Pallas kernel x
+format and the tensor-parallel Gemma forward, and reports each as compiled or with the
+compiler's first line of complaint; `equarx-ref kernels --compile v5e:2x4` prints it, and the
+TPU compile tier of tests/run.sh fails on any error.
+
+libtpu reads its settings from the environment when it loads, and only one process may hold it
+at a time (a lock file): `prepare_environment()` sets the variables that keep it from asking a
+metadata server (this is not a Cloud TPU VM) and keeps jax's default backend on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import equarx_ref as eq
+
+__all__ = ["TOPOLOGIES", "CompileResult", "LibtpuMissing", "compile_all_reduce",
+           "compile_gemma", "compile_hop", "compile_matrix", "format_table", "libtpu_version",
+           "prepare_environment", "tpu_devices"]
+
+#: The slices the compile tier targets (2D tori of 8 chips: what a v5e-8 / v6e-8 host has).
+TOPOLOGIES = ("v5e:2x4", "v6e:2x4")
+
+_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost"}
+_ACCELERATOR = {"v5e": "v5litepod-8", "v6e": "v6e-8", "v5p": "v5p-8", "v4": "v4-8"}
+
+
+class LibtpuMissing(RuntimeError):
+    """libtpu (the TPU compiler) is not installed in this environment."""
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version, or None when it is not installed."""
+    if importlib.util.find_spec("libtpu") is None:
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def prepare_environment(topology: str = "v5e:2x4") -> None:
+    """Set libtpu's environment for compiling without a chip (existing values win), and keep
+    jax's default backend on the CPU when no backend has started yet. Raises `LibtpuMissing`."""
+    if libtpu_version() is None:
+        raise LibtpuMissing(f"libtpu is not installed: pip install \"jax[tpu]=={jax.__version__}\" "
+                            "to compile for a TPU from this machine")
+    chip = topology.split(":")[0]
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR.get(chip, "v5litepod-8"))
+    for name, value in _ENV.items():
+        os.environ.setdefault(name, value)
+    from jax._src import xla_bridge  # has a backend started already?
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", "cpu")
+
+
+@functools.cache
+def tpu_devices(topology: str) -> tuple:
+    """Compile-only devices of a TPU slice, e.g. "v5e:2x4" (8 chips)."""
+    prepare_environment(topology)
+    from jax.experimental import topologies
+
+    return tuple(topologies.get_topology_desc(topology, platform="tpu").devices)
+
+
+def _compile(fn: Callable, args, mesh: Mesh):
+    """Trace, lower and compile `fn` for the mesh's TPU devices (Pallas kernels see the
+    mesh's platform, so they compile natively with Mosaic rather than interpret)."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return jax.jit(fn).trace(*args).lower().compile()
+
+
+def _mesh(topology: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    devices = tpu_devices(topology)
+    count = 1
+    for s in shape:
+        count *= s
+    if count > len(devices):
+        raise ValueError(f"{topology} has {len(devices)} chips, not {count}")
+    import numpy as np
+
+    return Mesh(np.array(devices[:count]).reshape(shape), names)
+
+
+def compile_all_reduce(topology: str, *, n: int, p: int = 8, dtype="bfloat16",
+                       torus: bool = False, **options):
+    """Compile `eq.all_reduce` over p chips of `topology` (a (2, p/2) torus with torus=True)
+    for `n` values of `dtype` per chip; `options` are all_reduce's keywords. The compiled
+    executable; `min_bytes=0` unless given (the size gate would hide the quantized path)."""
+    options.setdefault("min_bytes", 0)
+    shape, names = ((2, p // 2), ("a", "b")) if torus else ((p,), ("x",))
+    mesh = _mesh(topology, shape, names)
+    axis = names if torus else names[0]
+    key = options.pop("key", None)
+
+    def body(v, *k):
+        return eq.all_reduce(v[0], axis, key=k[0] if k else None, **options)[None]
+
+    spec = P(names)
+    arg = jax.ShapeDtypeStruct((p, n), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
+    args = (arg,) if key is None else (arg, key)
+    in_specs = (spec,) if key is None else (spec, P())
+    fn = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec)
+    return _compile(fn, args, mesh)
+
+
+def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024):
+    """Compile the fused hop kernel (`kernels.fused_hop`) for one chip of `topology`."""
+    from equarx_ref import kernels
+
+    mesh = _mesh(topology, (1,), ("x",))
+    on_chip = NamedSharding(mesh, P())
+    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8, sharding=on_chip)
+    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
+    return _compile(lambda w, v: kernels.fused_hop(w, v, fmt, interpret=False), (wire, local),
+                    mesh)
+
+
+def compile_gemma(topology: str, all_reduce, *, p: int = 4, layers: int = 2, seq: int = 256):
+    """Compile Gemma 3 270M's tensor-parallel forward (shapes only, `layers` layers, one
+    sequence of `seq` tokens) with `all_reduce` at its reduction sites."""
+    cfg = dataclasses.replace(eq.gemma.Gemma3Config.preset("270m"), num_layers=layers)
+    mesh = _mesh(topology, (p,), ("tp",))
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), cfg.param_shapes(),
+                          is_leaf=lambda s: isinstance(s, tuple))
+    tokens = jax.ShapeDtypeStruct((1, seq), jnp.int32)
+    return _compile(lambda w, t: eq.gemma.forward(w, t, cfg, mesh=mesh, all_reduce=all_reduce),
+                    (shapes, tokens), mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileResult:
+    """One configuration compiled for one topology.
+
+    Attributes:
+        topology: e.g. "v5e:2x4".
+        family: "xla", "torus", "remedy", "pallas", "hop" or "gemma".
+        case: what was compiled, e.g. "ring int8 bf16 p=8 n=4096 k=1".
+        ok: the compiler produced an executable.
+        seconds: compile wall time (this machine, CPU).
+        error: the compiler's first line of complaint, "" when ok.
+    """
+
+    topology: str
+    family: str
+    case: str
+    ok: bool
+    seconds: float
+    error: str = ""
+
+
+def _first_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if "Mosaic failed to compile" in text and len(lines) > 1:  # the reason follows the prefix
+        text = text.split("Mosaic failed to compile TPU kernel:")[-1].strip() or lines[1]
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4")
+XLA_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
+
+
+def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
+    """(family, case, thunk compiling it) for every configuration the compile tier covers."""
+    fmts = {name: eq.Format.parse(name) for name in FORMATS}
+    cases = []
+
+    def add(family, case, thunk):
+        cases.append((family, case, thunk))
+
+    n = 4096 + 96  # per chip: whole blocks, not a multiple of p x 128 (an odd layout)
+    for dtype in ("bfloat16", "float32"):
+        short = "bf16" if dtype == "bfloat16" else "f32"
+        add("xla", f"psum {short}", functools.partial(
+            compile_all_reduce, topology, n=n, dtype=dtype, fmt=None, algorithm="psum"))
+        for algorithm in XLA_ALGORITHMS:
+            for name, fmt in (("bf16" if dtype == "bfloat16" else "f32", None), *fmts.items()):
+                add("xla", f"{algorithm} {name} {short}", functools.partial(
+                    compile_all_reduce, topology, n=n, dtype=dtype, fmt=fmt,
+                    algorithm=algorithm))
+    int8 = fmts["int8"]
+    for algorithm in ("ring", "bidir_ring"):
+        add("torus", f"{algorithm} int8 2x4 torus", functools.partial(
+            compile_all_reduce, topology, n=n, fmt=int8, algorithm=algorithm, torus=True))
+    add("remedy", "ring int8 num_chunks=4", functools.partial(
+        compile_all_reduce, topology, n=n, fmt=int8, num_chunks=4))
+    add("remedy", "ring int8 key= (stochastic)", functools.partial(
+        compile_all_reduce, topology, n=n, fmt=int8, key=jax.random.key(0)))
+    add("remedy", "ring int8 rotate=True", functools.partial(
+        compile_all_reduce, topology, n=n, fmt=int8, rotate=True))
+    add("remedy", "ring int8 hop_bits=adaptive", functools.partial(
+        compile_all_reduce, topology, n=n, fmt=int8, hop_bits="adaptive"))
+    # The Pallas kernels: every format at p = 8 both lanes; p, lengths and pipelining on int8.
+    for algorithm in ("ring", "bidir_ring"):
+        for name, fmt in (("bf16", None), *fmts.items()):
+            add("pallas", f"{algorithm} {name} p=8 n={n} k=2", functools.partial(
+                compile_all_reduce, topology, n=n, fmt=fmt, algorithm=algorithm,
+                num_chunks=2, impl="pallas"))
+    for p, size, k in ((2, 1000, 1), (4, 4100, 4), (8, 8000, 4), (4, 1000, 2)):
+        add("pallas", f"ring int8 p={p} n={size} k={k}", functools.partial(
+            compile_all_reduce, topology, n=size, p=p, fmt=int8, num_chunks=k, impl="pallas"))
+    add("pallas", "ring f32 p=4 n=1000 k=2 (f32 input)", functools.partial(
+        compile_all_reduce, topology, n=1000, p=4, dtype="float32", fmt=None, num_chunks=2,
+        impl="pallas"))
+    for name, fmt in fmts.items():
+        add("hop", f"fused hop {name}", functools.partial(compile_hop, topology, fmt))
+    for label, ar in (("psum", None),
+                      ("ring int8 xla", eq.AllReduce(fmt=int8, min_bytes=0)),
+                      ("ring int8 pallas", eq.AllReduce(fmt=int8, min_bytes=0, impl="pallas")),
+                      ("two_shot int8", eq.AllReduce(fmt=int8, algorithm="two_shot",
+                                                     min_bytes=0))):
+        add("gemma", f"Gemma 3 270M TP=4 {label}", functools.partial(
+            compile_gemma, topology, ar))
+    return cases
+
+
+def compile_matrix(topology: str, *, families: tuple[str, ...] | None = None,
+                   progress: Callable[[str], None] | None = None) -> list[CompileResult]:
+    """Compile every case of `matrix_cases` (or those of `families`) for `topology`."""
+    tpu_devices(topology)
+    out = []
+    for family, case, thunk in matrix_cases(topology):
+        if families is not None and family not in families:
+            continue
+        if progress:
+            progress(f"{topology} {family}: {case}")
+        start = time.perf_counter()
+        try:
+            thunk()
+            ok, error = True, ""
+        except Exception as e:  # the compiler's complaint is the result
+            ok, error = False, _first_line(e)
+        out.append(CompileResult(topology, family, case, ok, time.perf_counter() - start, error))
+    return out
+
+
+def format_table(results: list[CompileResult]) -> str:
+    """A plain-text table: one row per case, one column per topology."""
+    topologies = list(dict.fromkeys(r.topology for r in results))
+    rows: dict[tuple[str, str], dict[str, CompileResult]] = {}
+    for r in results:
+        rows.setdefault((r.family, r.case), {})[r.topology] = r
+    width = max((len(c) for _, c in rows), default=10)
+    head = f"{'family':7s} {'case':{width}s} " + " ".join(f"{t:>12s}" for t in topologies)
+    lines = [head, "-" * len(head)]
+    errors = []
+    for (family, case), by_topo in rows.items():
+        cells = []
+        for t in topologies:
+            r = by_topo.get(t)
+            cells.append(f"{'-':>12s}" if r is None else
+                         f"{f'ok {r.seconds:.1f}s':>12s}" if r.ok else f"{'FAILED':>12s}")
+            if r is not None and not r.ok:
+                errors.append(f"{t} {family} {case}: {r.error}")
+        lines.append(f"{family:7s} {case:{width}s} " + " ".join(cells))
+    total = len(results)
+    good = sum(r.ok for r in results)
+    lines.append(f"{good} of {total} compiled" + ("" if good == total else "; failures:"))
+    return "\n".join(lines + errors)
