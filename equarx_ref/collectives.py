@@ -41,6 +41,13 @@ Remedies for the error of re-quantized partial sums (compared in `equarx-ref swe
   within one step per quantization (round-to-nearest: half a step), about sqrt(2) times the
   RMS error of rounding to nearest; what it buys is the absence of bias. The gather phase still
   decodes the same bytes everywhere, so the result stays bitwise identical on every device.
+  One thing is not pinned down, stated here rather than hidden: the rounding decision
+  floor(x / s + u) is taken on x times the multiplier fl(1 / s) as the device computes it.
+  Round-to-nearest settles every close call exactly, so its bytes are the same on any backend;
+  with `key=` an element whose x / s + u lands within a rounding of an integer (a chance of
+  about 2^-22 per element) may round the other way on a backend whose division is not
+  correctly rounded (XLA:CPU's is). Still unbiased, still within one step; bitwise agreement
+  across backends is promised for round-to-nearest only.
 - `rotate=True`: a randomized Hadamard rotation of every block before the first hop and its
   inverse after the last (`rotation.py`): the same bytes, outliers spread over their block.
 - `hop_bits="adaptive"`: a different integer width (and block) per hop, more bits where the

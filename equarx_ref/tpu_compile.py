@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import os
+import pathlib
 import time
 from collections.abc import Callable
 
@@ -38,9 +40,13 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 
-__all__ = ["TOPOLOGIES", "CompileResult", "LibtpuMissing", "compile_all_reduce",
+from .cost import phases
+from .hlo import collective_overlap, hlo_wire_bytes
+
+__all__ = ["READ_BACK", "TOPOLOGIES", "CompileResult", "LibtpuMissing", "compile_all_reduce",
            "compile_gemma", "compile_hop", "compile_matrix", "format_table", "libtpu_version",
-           "prepare_environment", "tpu_devices"]
+           "model_hbm_bytes", "prepare_environment", "read_back", "source_digest",
+           "tpu_devices"]
 
 #: The slices the compile tier targets (2D tori of 8 chips: what a v5e-8 / v6e-8 host has).
 TOPOLOGIES = ("v5e:2x4", "v6e:2x4")
@@ -51,6 +57,16 @@ _ACCELERATOR = {"v5e": "v5litepod-8", "v6e": "v6e-8", "v5p": "v5p-8", "v4": "v4-
 
 class LibtpuMissing(RuntimeError):
     """libtpu (the TPU compiler) is not installed in this environment."""
+
+
+def source_digest() -> str:
+    """sha256 (first 16 hex digits) of the package's Python sources: a stored compile record
+    names the code it was made from, so a reader can tell whether it is current."""
+    root = pathlib.Path(eq.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def libtpu_version() -> str | None:
@@ -143,7 +159,7 @@ def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024):
                     mesh)
 
 
-def compile_gemma(topology: str, all_reduce, *, p: int = 4, layers: int = 2, seq: int = 256):
+def compile_gemma(topology: str, all_reduce, *, p: int = 4, layers: int = 1, seq: int = 256):
     """Compile Gemma 3 270M's tensor-parallel forward (shapes only, `layers` layers, one
     sequence of `seq` tokens) with `all_reduce` at its reduction sites."""
     cfg = dataclasses.replace(eq.gemma.Gemma3Config.preset("270m"), num_layers=layers)
@@ -285,3 +301,54 @@ def format_table(results: list[CompileResult]) -> str:
     good = sum(r.ok for r in results)
     lines.append(f"{good} of {total} compiled" + ("" if good == total else "; failures:"))
     return "\n".join(lines + errors)
+
+
+# ---- the TPU program read back ----------------------------------------------------------------
+
+#: (algorithm, format name or None, num_chunks) that `read_back` compiles and reads.
+READ_BACK = (("psum", None, 1), ("ring", None, 1),
+             *((a, f, 1) for a in ("ring", "bidir_ring", "two_shot", "one_shot")
+               for f in ("int8", "int4", "mxfp8")),
+             ("ring", "int8", 4))
+
+
+def model_hbm_bytes(n: int, p: int, *, fmt, algorithm: str, dtype="bfloat16",
+                    num_chunks: int = 1) -> float:
+    """Bytes of HBM traffic the time model prices for one AllReduce on one chip: its memory
+    passes (`cost.phases`), each hop's pass counted once per hop."""
+    return float(sum(ph.hbm_bytes * max(ph.hops, 1) for ph in phases(
+        n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks)))
+
+
+def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
+              cases=READ_BACK, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Compile each case for `topology` and read the TPU program back: wire bytes from its HLO
+    against `eq.wire_bytes`, XLA:TPU's bytes accessed against the model's HBM traffic, and the
+    permutes' overlap (`hlo.collective_overlap`). One dict per case (JSON-ready)."""
+    out = []
+    for algorithm, name, k in cases:
+        fmt = None if name is None else eq.Format.parse(name)
+        if progress:
+            progress(f"{topology} read back: {algorithm} {name or dtype} k={k}")
+        compiled = compile_all_reduce(topology, n=n, p=p, dtype=dtype, fmt=fmt,
+                                      algorithm=algorithm, num_chunks=k)
+        text = compiled.as_text()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        accessed = float(cost.get("bytes accessed", float("nan")))
+        model = model_hbm_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=k)
+        pairs = collective_overlap(text)
+        out.append({
+            "topology": topology, "algorithm": algorithm, "format": name or dtype,
+            "num_chunks": k, "n": n, "p": p, "dtype": jnp.dtype(dtype).name,
+            "wire_bytes_hlo": sum(hlo_wire_bytes(text, p).values()),
+            "wire_bytes": eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype,
+                                        num_chunks=k),
+            "bytes_accessed": accessed, "model_hbm_bytes": model,
+            "plain_pass_bytes": 2 * n * jnp.dtype(dtype).itemsize,
+            "ratio_to_model": accessed / model if model else None,
+            "permutes": len(pairs), "max_in_flight": max((q.in_flight for q in pairs), default=0),
+            "fusions_between": [len(q.between) for q in pairs],
+            "feeding_other_sends": [len(q.feeding) for q in pairs],
+        })
+    return out
