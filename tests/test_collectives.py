@@ -397,9 +397,9 @@ def test_size_gate_reads_the_mesh_devices(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else [Chip()])
     assert _cost_module().default_min_bytes(2, fmt=eq.Format.int8(), algorithm="ring",
-                                              device_kind="TPU v5 lite") > 64 * 4  # gates it
+                                              device_kind="TPU v5 lite") > 32 * 4  # gates it
     mesh = jax.make_mesh((2,), ("x",), devices=real()[:2])
-    x = jax.device_put(jax.random.normal(jax.random.key(1), (2, 64)),
+    x = jax.device_put(jax.random.normal(jax.random.key(1), (2, 32)),
                        jax.sharding.NamedSharding(mesh, P("x")))
 
     def run(**kw):
