@@ -12,8 +12,9 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
-from equarx_ref import cli, kernels, tpu_compile
+from equarx_ref import cli, kernels
 from equarx_ref.quantize import decode, encode
+from equarx_ref.runs import kernel_checks, tpu_compile
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
 decode = jax.jit(decode, static_argnums=(1, 2))
@@ -131,7 +132,7 @@ def test_broken_kernel_is_caught_by_the_race_detector(algorithm):
     clock to the receiver first). So one run must report it, every time; a zero race count
     above then means something. (The "capacity" sabotage races only on some schedules: at
     p = 2 the neighbours' other semaphores can order the accesses, and it was once missed.)"""
-    result = kernels.check(4, fmt=eq.Format.int8(), algorithm=algorithm, n=256, num_chunks=2,
+    result = kernel_checks.check(4, fmt=eq.Format.int8(), algorithm=algorithm, n=256, num_chunks=2,
                            sabotage="early_read")
     assert result.races > 0 and result.sabotage == "early_read", result
 
@@ -181,11 +182,11 @@ def test_unsupported_combinations_are_refused():
 
 def test_measure_hop_refuses_without_a_tpu():
     with pytest.raises(RuntimeError, match="no TPU figure"):
-        kernels.measure_hop()
+        kernel_checks.measure_hop()
 
 
 def test_cli_kernels(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(kernels.checks, "CHECKS", ((2, "ring", "int8", 1, None),
+    monkeypatch.setattr(kernel_checks, "CHECKS", ((2, "ring", "int8", 1, None),
                                                    (4, "ring", "int8", 2, "early_read")))
     out = tmp_path / "kernels.json"
     assert cli.main(["kernels", "--json", str(out)]) == 0
@@ -218,7 +219,7 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else real()[:1])
     assert kernels.on_tpu() and len(jax.devices()) == 1
-    result = kernels.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
+    result = kernel_checks.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
     assert result.bitwise and result.races == 0, result
     x = np.array(jax.random.normal(jax.random.key(5), (2, 64)))
     got, want, log = _both(x, fmt=eq.Format.int8(), algorithm="ring", num_chunks=1)

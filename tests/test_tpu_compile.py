@@ -11,8 +11,8 @@ import pathlib
 import pytest
 
 import equarx_ref as eq
-from equarx_ref import tpu_compile
-from equarx_ref.hlo import collective_overlap
+from equarx_ref.models.hlo import collective_overlap
+from equarx_ref.runs import tpu_compile
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "docs" / "data"
 

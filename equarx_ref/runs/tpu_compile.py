@@ -40,8 +40,8 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 
-from .cost import phases
-from .hlo import collective_overlap, hlo_wire_bytes
+from ..models.cost import phases
+from ..models.hlo import collective_overlap, hlo_wire_bytes
 
 __all__ = ["READ_BACK", "TOPOLOGIES", "CompileResult", "LibtpuMissing", "compile_all_reduce",
            "compile_gemma", "compile_hop", "compile_matrix", "format_table", "libtpu_version",

@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 
-from ._checks import count
+from .._checks import count
 
 __all__ = ["PermuteOverlap", "collective_overlap", "hlo_wire_bytes"]
 
