@@ -383,66 +383,36 @@ def _add_kernels(sub) -> None:
     p.add_argument("--json", metavar="PATH", type=_writable, default=None,
                    help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
     p.add_argument("--compile", metavar="TOPOLOGY", default=None,
-                   help="instead: compile every kernel and collective for a TPU slice, e.g. "
-                   "v5e:2x4 or v6e:2x4, with libtpu (no TPU needed; pip install "
+                   help="instead: compile every kernel and collective for TPU slices, e.g. "
+                   "v5e:2x4 or v5e:2x4,v6e:2x4, with libtpu (no TPU needed; pip install "
                    "'jax[tpu]==<your jax>'), and print which compiled")
     p.add_argument("--read-back", action="store_true",
                    help="with --compile: also read the TPU programs back (wire bytes from the "
                    "HLO, what XLA:TPU overlaps, its bytes accessed against the time model)")
     p.add_argument("--only", choices=("xla", "torus", "remedy", "pallas", "hop", "gemma"),
                    nargs="+", default=None, help="with --compile: only these families")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --compile: compile on this many threads (one process: libtpu "
+                   "allows one at a time)")
     p.set_defaults(func=_cmd_kernels)
 
 
 def _cmd_compile(args) -> int:
-    import dataclasses
-
-    import jax
-
     from .runs import tpu_compile
 
     out = sys.stderr if args.json == "-" else sys.stdout
-    try:
-        tpu_compile.prepare_environment(args.compile)
-        tpu_compile.tpu_devices(args.compile)
-    except tpu_compile.LibtpuMissing as e:
-        print(f"equarx-ref kernels: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # an unknown topology, or libtpu refusing to start
-        first = (str(e).splitlines() or [""])[0]
-        print(f"equarx-ref kernels: cannot describe TPU topology {args.compile!r}: {first}",
-              file=sys.stderr)
-        return 2
-    say = lambda m: print(f"  {m}", file=sys.stderr)  # noqa: E731
-    results = tpu_compile.compile_matrix(
-        args.compile, families=tuple(args.only) if args.only else None, progress=say)
-    print(f"compiled with libtpu {tpu_compile.libtpu_version()} (jax {jax.__version__}) for "
-          f"{args.compile}; nothing ran on a TPU", file=out)
-    print(tpu_compile.format_table(results), file=out)
-    command = " ".join(["equarx-ref kernels --compile", args.compile,
-                        *(["--only", *args.only] if args.only else []),
-                        *(["--read-back"] if args.read_back else []),
-                        *(["--json", args.json] if args.json else [])])
-    report = {"command": command, "source_digest": tpu_compile.source_digest(),
-              "topology": args.compile, "jax": jax.__version__,
-              "libtpu": tpu_compile.libtpu_version(),
-              "results": [dataclasses.asdict(r) for r in results]}
-    if args.read_back:
-        report["read_back"] = rows = tpu_compile.read_back(args.compile, progress=say)
-        print(f"the TPU programs read back ({rows[0]['n']} bf16 values per chip, "
-              f"p = {rows[0]['p']}):", file=out)
-        print(_table(["algorithm", "format", "k", "wire B (HLO)", "= wire_bytes",
-                      "bytes accessed", "model HBM", "ratio", "permutes", "in flight"],
-                     [[r["algorithm"], r["format"], str(r["num_chunks"]),
-                       f"{r['wire_bytes_hlo']:.0f}",
-                       "yes" if r["wire_bytes_hlo"] == r["wire_bytes"] else "NO",
-                       f"{r['bytes_accessed'] / 1e6:.1f} MB",
-                       f"{r['model_hbm_bytes'] / 1e6:.1f} MB",
-                       "-" if r["ratio_to_model"] is None else f"{r['ratio_to_model']:.1f}x",
-                       str(r["permutes"]), str(r["max_in_flight"])] for r in rows]), file=out)
-    if args.json:
-        _write_json(args.json, report)
-    return 0 if all(r.ok for r in results) else 1
+    topologies = tuple(t for t in args.compile.split(",") if t)
+    status, report = tpu_compile.run(
+        topologies, families=tuple(args.only) if args.only else None,
+        read_back_too=args.read_back, jobs=args.jobs, out=out,
+        progress=lambda m: print(f"  {m}", file=sys.stderr))
+    if args.json and report:
+        command = " ".join(["equarx-ref kernels --compile", args.compile,
+                            *(["--only", *args.only] if args.only else []),
+                            *(["--read-back"] if args.read_back else []),
+                            "--json", args.json])
+        _write_json(args.json, {"command": command, **report})
+    return status
 
 
 def _cmd_kernels(args) -> int:
