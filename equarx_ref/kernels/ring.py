@@ -56,9 +56,11 @@ lives in a row of its own, `[lanes, slot, 1, piece]`, the slot axis off the tile
 input and result are handed to the kernel as `[chunks, pieces, 1, piece]` (a copy made by XLA
 outside the kernel). The layout cuts a chunk into pieces of at most two lengths (whole blocks,
 as evenly as it can), and each length gets buffers of its own, so every DMA moves whole rows,
-whatever the length: 96 values, 4096, odd block counts. Compiled with libtpu from a CPU
-machine (`tpu_compile`, the compile tier of tests/run.sh) the ring and the bidirectional ring
-build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
+whatever the length: 96 values, 4096, odd block counts, and pieces shorter than one 128-lane
+tile row (32 values of int8, 37 of bf16: VMEM pads the row, the DMA moves the piece), so no
+length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_compile.py`, the
+compile tier of tests/run.sh, record in docs/data/tpu.json) the ring and the bidirectional
+ring build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
 fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. Compiled is not run: no
 TPU run or timing of this kernel is claimed; interpret mode proves it bitwise and race-free.
 
