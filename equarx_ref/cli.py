@@ -389,8 +389,9 @@ def _add_kernels(sub) -> None:
     p.add_argument("--read-back", action="store_true",
                    help="with --compile: also read the TPU programs back (wire bytes from the "
                    "HLO, what XLA:TPU overlaps, its bytes accessed against the time model)")
-    p.add_argument("--only", choices=("xla", "torus", "remedy", "pallas", "hop", "gemma"),
-                   nargs="+", default=None, help="with --compile: only these families")
+    p.add_argument("--only", choices=("xla", "torus", "remedy", "pallas", "hop", "gemma", "none"),
+                   nargs="+", default=None, help="with --compile: only these families ('none' "
+                   "with --read-back: the read-back alone)")
     p.add_argument("--jobs", type=int, default=1,
                    help="with --compile: compile on this many threads (one process: libtpu "
                    "allows one at a time)")

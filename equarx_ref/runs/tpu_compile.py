@@ -369,7 +369,7 @@ def priced_time(n: int, p: int, *, fmt, algorithm: str, chip: str, ratio: float,
                           num_chunks=num_chunks)
 
 
-def read_back(topology: str, *, n: int = 1 << 23, p: int = 8, dtype="bfloat16",
+def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
               cases=READ_BACK, progress: Callable[[str], None] | None = None) -> list[dict]:
     """Compile each case for `topology` and read the TPU program back (one JSON-ready dict per
     case): wire bytes from its HLO against `eq.wire_bytes`; the permutes' overlap
