@@ -32,3 +32,19 @@ def test_plot_measured_stacks_link_and_compute_under_the_model(tmp_path):
     assert ax.get_title() == "4 hosts"
     colours = {r["format"]: bar.get_facecolor() for r, bar in zip(ROWS, bars[::2], strict=True)}
     assert len(set(colours.values())) == 3  # one colour per wire format
+
+
+def test_plot_measured_names_sizes_on_a_log_axis_when_a_run_has_several():
+    """`bench --hosts --mib 1 32 --plot`: the one multi-host figure, with every size's rows."""
+    rows = [dict(r, message_bytes=mib << 20, seconds=r["seconds"] * mib,
+                 predicted_seconds=r["predicted_seconds"] * mib,
+                 **({"link_seconds": r["link_seconds"] * mib} if "link_seconds" in r else {}))
+            for mib in (1, 32) for r in ROWS]
+    ax = viz.plot_measured(rows)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"{r['algorithm']}\n{r['format']}\n{r['message_bytes'] >> 20} MiB" for r in rows]
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylim()[0] < min(min(r.get("link_seconds", r["seconds"]), r["seconds"])
+                                  for r in rows)  # every link bar shows
+    single = viz.plot_measured([dict(r, message_bytes=32 << 20) for r in ROWS])
+    assert single.get_yscale() == "linear" and "MiB" not in single.get_xticklabels()[0].get_text()

@@ -210,6 +210,55 @@ def test_cli_compile_without_libtpu(capsys):
     assert len(err) == 1 and "libtpu is not installed" in err[0] and "jax[tpu]==" in err[0]
 
 
+def test_cli_compile_options(tmp_path, capsys, monkeypatch):
+    """The options reach `tpu_compile.run` as parsed, and the report is stored with the
+    command that made it (run replaced: the compiles need libtpu, the compile tier has it)."""
+    calls = []
+
+    def run(topologies, **kw):
+        calls.append((topologies, kw))
+        return 0, {"topologies": list(topologies), "results": []}
+    monkeypatch.setattr(tpu_compile, "run", run)
+    out = tmp_path / "tpu.json"
+    argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "hop",
+            "--read-back", "--jobs", "2", "--json", str(out)]
+    assert cli.main(argv) == 0
+    (topologies, kw), = calls
+    assert topologies == ("v5e:2x4", "v6e:2x4") and kw["families"] == ("pallas", "hop")
+    assert kw["read_back_too"] is True and kw["jobs"] == 2
+    report = json.loads(out.read_text())
+    assert report["command"] == ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only pallas "
+                                 f"hop --read-back --jobs 2 --json {out}")
+    assert report["topologies"] == ["v5e:2x4", "v6e:2x4"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--compile", "v5e"], "expected TPU slices like v5e:2x4"),
+    (["--compile", ","], "expected TPU slices like v5e:2x4"),
+    (["--compile", "v5e:2x4", "--jobs", "0"], "expected an integer >= 1"),
+    (["--compile", "v5e:2x4", "--only", "mosaic"], "invalid choice: 'mosaic'"),
+])
+def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
+    monkeypatch.setattr(tpu_compile, "run", lambda *a, **k: pytest.fail("the work started"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["kernels", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.parametrize("flag", [["--read-back"], ["--only", "xla"], ["--jobs", "2"]])
+def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
+    monkeypatch.setattr(kernel_checks, "report", lambda **k: pytest.fail("the work started"))
+    assert cli.main(["kernels", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "go with --compile TOPOLOGY" in err[0], err
+
+
+def test_compile_matrix_refuses_an_unknown_family():
+    with pytest.raises(ValueError, match="unknown compile families"):
+        tpu_compile.compile_matrix("v5e:2x4", families=("mosaic",))
+
+
 def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     """Free Colab: the default backend is one TPU chip and the ring runs on simulated CPU
     devices. The kernel must then interpret (Mosaic compiles for TPU devices only), chosen by

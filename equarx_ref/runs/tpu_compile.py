@@ -46,10 +46,10 @@ from ..models.cost import as_chip, phases, predicted_time
 from ..models.hlo import collective_overlap, hlo_wire_bytes
 from ..models.hlo_memory import memory_traffic
 
-__all__ = ["READ_BACK", "TOPOLOGIES", "CompileResult", "LibtpuMissing", "compile_all_reduce",
-           "compile_gemma", "compile_hop", "compile_matrix", "format_table", "libtpu_version",
-           "model_hbm_bytes", "prepare_environment", "priced_time", "read_back", "source_digest",
-           "tpu_devices"]
+__all__ = ["FAMILIES", "FORMATS", "READ_BACK", "TOPOLOGIES", "CompileResult", "LibtpuMissing",
+           "compile_all_reduce", "compile_gemma", "compile_hop", "compile_matrix",
+           "format_table", "libtpu_version", "model_hbm_bytes", "prepare_environment",
+           "priced_time", "read_back", "run", "source_digest", "tpu_devices"]
 
 #: The slices the compile tier targets (2D tori of 8 chips: what a v5e-8 / v6e-8 host has).
 TOPOLOGIES = ("v5e:2x4", "v6e:2x4")
@@ -213,6 +213,8 @@ def _first_line(e: Exception) -> str:
 
 FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4")
 XLA_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
+#: The families of `matrix_cases`, in its order ("none" in `families=` selects none of them).
+FAMILIES = ("xla", "torus", "remedy", "pallas", "hop", "gemma")
 
 
 def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
@@ -285,6 +287,9 @@ def compile_matrix(topology: str | tuple[str, ...], *, families: tuple[str, ...]
     threads (they release the GIL: 2 jobs on 2 cores nearly halve the wall time). `seconds`
     is each case's lowering plus compile time."""
     topologies = (topology,) if isinstance(topology, str) else tuple(topology)
+    unknown = sorted(set(families or ()) - {*FAMILIES, "none"})
+    if unknown:
+        raise ValueError(f"unknown compile families {unknown}: choose from {FAMILIES}")
     for t in topologies:
         tpu_devices(t)
 
