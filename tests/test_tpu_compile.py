@@ -159,6 +159,18 @@ def test_stored_record_is_whole():
         assert r["wire_bytes_hlo"] == r["wire_bytes"], r
 
 
+def test_stored_other_chips():
+    """What kernels/ring.py says of v5p and v4 is the stored record's: on v5p every Pallas
+    kernel compiled; on v4 none did, each refused with Mosaic's unsupported shape cast."""
+    v5p, v4 = json.loads((DATA / "tpu-v5p-v4.json").read_text())["records"]
+    assert v5p["topologies"] == ["v5p:2x2x2"] and v4["topologies"] == ["v4:2x2x2"]
+    assert len(v5p["results"]) == len(v4["results"]) >= 30
+    assert {r["family"] for r in v5p["results"]} == {"pallas", "hop"}
+    assert all(r["ok"] for r in v5p["results"])
+    assert not any(r["ok"] for r in v4["results"])
+    assert all("unsupported shape cast" in r["error"] for r in v4["results"])
+
+
 def test_stored_bytes_are_explained():
     """`memory_traffic` accounts for XLA:TPU's own bytes accessed in every stored program
     (within 20%: 17% over at worst, on one_shot; within 6% on the rings but for the bf16 one),

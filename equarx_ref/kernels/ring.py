@@ -61,8 +61,12 @@ tile row (32 values of int8, 37 of bf16: VMEM pads the row, the DMA moves the pi
 length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_compile.py`, the
 compile tier of tests/run.sh, record in docs/data/tpu.json) the ring and the bidirectional
 ring build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
-fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. Compiled is not run: no
-TPU run or timing of this kernel is claimed; interpret mode proves it bitwise and race-free.
+fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. They build for v5p too
+(v5p:2x2x2, the kernels only: docs/data/tpu-v5p-v4.json), not for v4: every kernel and format
+is refused with "infer-vector-layout: unsupported shape cast", v4's Mosaic (libtpu 0.0.42.1)
+declining to reshape a vector of bytes into the codec's rows (in the int8 hop: `tpu.reshape
+vector<8x1088xi8> -> vector<8x32x34xi8>`). Compiled is not run: no TPU run or timing of this
+kernel is claimed; interpret mode proves it bitwise and race-free.
 
 Limits, stated plainly. The steps are unrolled when tracing ((2p - 1) k per lane), so the
 program grows with p and k: fine for a slice's ring of 4-16 chips, not for hundreds. VMEM holds
