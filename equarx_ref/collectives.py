@@ -41,6 +41,13 @@ Remedies for the error of re-quantized partial sums (compared in `equarx-ref swe
   within one step per quantization (round-to-nearest: half a step), about sqrt(2) times the
   RMS error of rounding to nearest; what it buys is the absence of bias. The gather phase still
   decodes the same bytes everywhere, so the result stays bitwise identical on every device.
+  One thing is not pinned down, stated here rather than hidden: the rounding decision
+  floor(x / s + u) is taken on x times the multiplier fl(1 / s) as the device computes it.
+  Round-to-nearest settles every close call exactly, so its bytes are the same on any backend;
+  with `key=` an element whose x / s + u lands within a rounding of an integer (a chance of
+  about 2^-22 per element) may round the other way on a backend whose division is not
+  correctly rounded (XLA:CPU's is). Still unbiased, still within one step; bitwise agreement
+  across backends is promised for round-to-nearest only.
 - `rotate=True`: a randomized Hadamard rotation of every block before the first hop and its
   inverse after the last (`rotation.py`): the same bytes, outliers spread over their block.
 - `hop_bits="adaptive"`: a different integer width (and block) per hop, more bits where the
@@ -272,6 +279,18 @@ def _check_key(key) -> None:
                         f"or None, got {key!r}")
 
 
+def _device_kind() -> str:
+    """The kind of the devices the collective runs on: the mesh's (inside shard_map), not the
+    default backend's. On a single-chip TPU runtime (free Colab) a ring runs on simulated CPU
+    devices, and must not be gated as if it crossed TPU links."""
+    try:
+        device = jax.sharding.get_abstract_mesh().abstract_device
+    except Exception:  # no mesh context, or a jax without abstract devices
+        device = None
+    kind = getattr(device, "device_kind", None)
+    return kind if kind else jax.devices()[0].device_kind
+
+
 def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
@@ -320,8 +339,9 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
         min_bytes: the size gate: a message of fewer bytes (the buffer's nbytes) runs
             unquantized, as XLA's quantized AllReduce and vLLM's QuickReduce do below their
             thresholds. None (default): the time model's crossover on a TPU
-            (`cost.default_min_bytes`), 0 on CPU devices, so on CPU every message is quantized.
-            0: never gate.
+            (`cost.default_min_bytes`), 0 on CPU devices, so on CPU every message is quantized; the
+            devices are the mesh's (those the collective runs on), not the default
+            backend's. 0: never gate.
         key: a PRNG key: stochastic rounding on every quantization, independent per hop,
             pipeline piece and device (`fold_in`), and per bucket; unbiased. None: round to
             nearest, even.
@@ -389,7 +409,7 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         return invariant(x, axes)
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
-                                 device_kind=jax.devices()[0].device_kind) \
+                                 device_kind=_device_kind()) \
             if min_bytes is None else min_bytes
         fmt = None if x.nbytes < gate else fmt
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy

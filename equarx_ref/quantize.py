@@ -94,8 +94,10 @@ from .formats import Format
 __all__ = [
     "Quantized",
     "decode",
+    "decode_raw",
     "dequantize",
     "encode",
+    "encode_raw",
     "from_bytes",
     "quantize",
     "to_bytes",
@@ -203,8 +205,11 @@ def _step(s: jax.Array, up: bool) -> jax.Array:
     by stepping its bit pattern (cheaper than nextafter, which XLA:CPU emulates for bf16)."""
     uint = jnp.uint16 if s.dtype == jnp.bfloat16 else jnp.uint32
     bits = lax.bitcast_convert_type(s, uint)
+    if uint == jnp.uint16:  # 32-bit arithmetic: Mosaic has no 16-bit compares
+        bits = bits.astype(jnp.int32)
     stepped = bits + 1 if up else jnp.where(bits > 0, bits - 1, bits)
-    return jnp.where(jnp.isfinite(s), lax.bitcast_convert_type(stepped.astype(uint), s.dtype), s)
+    finite = jnp.isfinite(s.astype(jnp.float32))  # f32: Mosaic has no isfinite for bf16
+    return jnp.where(finite, lax.bitcast_convert_type(stepped.astype(uint), s.dtype), s)
 
 
 def _scales(amax: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
@@ -402,9 +407,28 @@ def _float_values(c: jax.Array, fmt: Format) -> jax.Array:
     return jnp.where(c >> (fmt.elem_bits - 1) & 1 == 1, -mag, mag)
 
 
+def _group(bits: int) -> tuple[int, int]:
+    """(elements, bytes) of the smallest whole-byte group of `bits`-bit codes: 4 codes of 6
+    bits fill 3 bytes."""
+    g = 8 // math.gcd(bits, 8)
+    return g, g * bits // 8
+
+
 def _pack_bits(codes: jax.Array, bits: int) -> jax.Array:
     """Codes [..., B] (each < 2^bits) -> one little-endian bit stream, uint8 [..., B bits / 8]:
-    element i occupies bits [i bits, (i + 1) bits) of the block's payload."""
+    element i occupies bits [i bits, (i + 1) bits) of the block's payload.
+
+    Where a group of codes fits 32 bits (2, 3, 6 and 12 bits), each group becomes one int32
+    word and the word its bytes: 32-bit shifts and a reshape that keeps the block axis, which
+    Mosaic compiles. Other widths go through a [bits x elements] bit matrix (XLA only)."""
+    g, nb = _group(bits)
+    if g * bits <= 32:
+        groups = codes.reshape(*codes.shape[:-1], -1, g)  # [..., B / g, g]
+        word = groups[..., 0]
+        for r in range(1, g):
+            word = word | groups[..., r] << (bits * r)
+        out = jnp.stack([word >> (8 * r) & 0xFF for r in range(nb)], axis=-1)
+        return out.reshape(*codes.shape[:-1], -1).astype(jnp.uint8)
     stream = (codes[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1  # [..., B, bits]
     stream = stream.reshape(*codes.shape[:-1], -1, 8)  # [..., bytes, 8]
     return jnp.sum(stream << jnp.arange(8, dtype=jnp.int32), axis=-1).astype(jnp.uint8)
@@ -412,6 +436,14 @@ def _pack_bits(codes: jax.Array, bits: int) -> jax.Array:
 
 def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
     """Inverse of `_pack_bits`: uint8 [..., PB] -> int32 codes [..., PB * 8 / bits]."""
+    g, nb = _group(bits)
+    if g * bits <= 32:
+        raw = payload.astype(jnp.int32).reshape(*payload.shape[:-1], -1, nb)  # [..., B/g, nb]
+        word = raw[..., 0]
+        for r in range(1, nb):
+            word = word | raw[..., r] << (8 * r)
+        codes = jnp.stack([word >> (bits * r) & ((1 << bits) - 1) for r in range(g)], axis=-1)
+        return codes.reshape(*payload.shape[:-1], -1)
     stream = (payload.astype(jnp.int32)[..., None] >> jnp.arange(8, dtype=jnp.int32)) & 1
     stream = stream.reshape(*payload.shape[:-1], -1, bits)  # [..., B, bits]
     return jnp.sum(stream << jnp.arange(bits, dtype=jnp.int32), axis=-1)
@@ -451,8 +483,9 @@ def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True) 
     XLA from fusing the nibble-packing reduction, and with it the whole quantizer, into the
     unpacking, which jax 0.10.2 runs about ten times slower (int4 9.7x int8).
     """
-    if fmt.elem_bits == 4 and from_wire:
-        c = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1).astype(jnp.int32)
+    if fmt.elem_bits == 4 and from_wire:  # widened first: Mosaic (older libtpu) has no 8-bit shifts
+        wide = payload.astype(jnp.int32)
+        c = jnp.concatenate([wide & 0xF, wide >> 4], axis=-1)
     elif fmt.elem_bits == 4:
         shifts = 4 * lax.broadcasted_iota(jnp.int32, (2, 1), 0)  # [[0], [4]]
         c = (payload.astype(jnp.int32)[..., None, :] >> shifts) & 0xF  # [..., 2, B/2]
@@ -554,16 +587,58 @@ def dequantize(q: Quantized) -> jax.Array:
     return values.reshape(*lead, -1)[..., :n].reshape(*lead, *q.shape)
 
 
+def _bits32(v: jax.Array) -> jax.Array:
+    """The bit pattern of bf16 or f32 values as int32 (bf16: in the low 16 bits).
+
+    Same-width bitcasts and a widening integer conversion only: Mosaic (the TPU kernel
+    compiler) refuses `bitcast_convert_type` between types of different widths."""
+    if v.dtype == jnp.float32:
+        return lax.bitcast_convert_type(v, jnp.int32)
+    if v.dtype == jnp.bfloat16:
+        return lax.bitcast_convert_type(v, jnp.uint16).astype(jnp.int32)
+    raise TypeError(f"no 32-bit packing for {v.dtype}")
+
+
+def _int32_to_bytes(bits: jax.Array, width: int) -> jax.Array:
+    """int32 [...] -> uint8 [..., width]: the low `width` bytes, little-endian (32-bit ops)."""
+    parts = [(bits >> (8 * i)) & 0xFF for i in range(width)]
+    return jnp.stack(parts, axis=-1).astype(jnp.uint8)  # interleaved as int32, then narrowed
+
+
+def _bytes_to_int32(raw: jax.Array) -> jax.Array:
+    """uint8 [..., width] (little-endian, width <= 4) -> int32 [...] (32-bit ops)."""
+    out = raw[..., 0].astype(jnp.int32)
+    for i in range(1, raw.shape[-1]):
+        out = out | raw[..., i].astype(jnp.int32) << (8 * i)
+    return out
+
+
 def _scale_to_bytes(stored: jax.Array, fmt: Format) -> jax.Array:
     if fmt.scale_dtype == "e8m0":
         return stored[..., None]
-    return lax.bitcast_convert_type(stored, jnp.uint8)  # [..., scale_bytes]
+    return _int32_to_bytes(_bits32(stored), fmt.scale_bytes)  # [..., scale_bytes]
 
 
 def _scale_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
+    """The stored scales (bf16/f32 values, or E8M0 bytes) from their wire bytes."""
     if fmt.scale_dtype == "e8m0":
         return raw[..., 0]
-    return lax.bitcast_convert_type(raw, jnp.dtype(fmt.scale_dtype))
+    bits = _bytes_to_int32(raw)
+    if fmt.scale_dtype == "float32":
+        return lax.bitcast_convert_type(bits, jnp.float32)
+    return lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16)
+
+
+def _scale_f32_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
+    """The scales as f32 (E8M0: their bytes), straight from the wire: a bf16 pattern shifted
+    into the top half of an f32 is the same value, with no bf16 arithmetic on the way (what
+    `decode` uses; v5e has no bf16 vector unit)."""
+    if fmt.scale_dtype == "e8m0":
+        return raw[..., 0]
+    bits = _bytes_to_int32(raw)
+    if fmt.scale_dtype == "bfloat16":
+        bits = bits << 16
+    return lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def to_bytes(q: Quantized) -> jax.Array:
@@ -606,9 +681,45 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
     if n % fmt.block_size:
         raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
                          f"block_size {fmt.block_size} (use from_bytes and dequantize)")
-    q = from_bytes(buf, fmt, (n,))
-    values = _apply_scale(decode_elements(q.payload, fmt, from_wire=True), q.scales, fmt)
+    if buf.dtype != jnp.uint8 or buf.shape[-1] != fmt.nbytes(n):
+        raise ValueError(f"buffer {buf.dtype}{list(buf.shape)} does not hold {n} values of "
+                         f"{fmt} ({fmt.nbytes(n)} bytes)")
+    rows = buf.reshape(*buf.shape[:-1], n // fmt.block_size, fmt.bytes_per_block)
+    split = fmt.payload_bytes_per_block
+    scales = _scale_f32_from_bytes(rows[..., split:], fmt)
+    values = _apply_scale(decode_elements(rows[..., :split], fmt, from_wire=True), scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
+
+
+def encode_raw(v: jax.Array, dtype) -> jax.Array:
+    """Values `[..., m]` as the raw bits of `dtype`, little-endian: uint8 `[..., m * itemsize]`.
+
+    What an unquantized message (fmt=None) sends. bf16 and f32 go through 32-bit integer
+    shifts, which Mosaic compiles (it refuses bitcasts between widths); other dtypes (f16,
+    f64) through a bitcast, on the XLA path only."""
+    dtype = jnp.dtype(dtype)
+    v = v.astype(dtype)
+    if dtype in (jnp.float32, jnp.bfloat16):
+        raw = _int32_to_bytes(_bits32(v), dtype.itemsize)
+    else:
+        raw = lax.bitcast_convert_type(v, jnp.uint8)
+    return raw.reshape(*v.shape[:-1], -1)
+
+
+def decode_raw(buf: jax.Array, dtype, m: int) -> jax.Array:
+    """Inverse of `encode_raw`: uint8 `[..., m * itemsize]` -> `dtype` `[..., m]`."""
+    dtype = jnp.dtype(dtype)
+    if buf.dtype != jnp.uint8 or buf.shape[-1] != m * dtype.itemsize:
+        raise ValueError(f"buffer {buf.dtype}{list(buf.shape)} does not hold {m} values of "
+                         f"{dtype.name} ({m * dtype.itemsize} bytes)")
+    if dtype.itemsize == 1:
+        return lax.bitcast_convert_type(buf, dtype)
+    raw = buf.reshape(*buf.shape[:-1], m, dtype.itemsize)
+    if dtype == jnp.float32:
+        return lax.bitcast_convert_type(_bytes_to_int32(raw), jnp.float32)
+    if dtype == jnp.bfloat16:
+        return lax.bitcast_convert_type(_bytes_to_int32(raw).astype(jnp.uint16), jnp.bfloat16)
+    return lax.bitcast_convert_type(raw, dtype)
 
 
 def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
@@ -629,15 +740,12 @@ class Codec:
     def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
             return encode(v, self.fmt, key=key)
-        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
-        return raw.reshape(*v.shape[:-1], -1)
+        return encode_raw(v, self.dtype)
 
     def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
         if self.fmt is not None:
             return decode(buf, self.fmt, m).astype(self.acc)
-        if self.dtype.itemsize > 1:
-            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
-        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
+        return decode_raw(buf, self.dtype, m).astype(self.acc)
 
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need into a fresh virtual environment, then run them all:
 # unit tests, the notebooks (nbval), the docs build and its browser check, Gemma on real weights.
-# Then the two ends of the supported jax range (pyproject.toml: jax>=OLDEST,<NEXT): the unit
+# Then the TPU compile tier (tests/tpu_compile.sh: libtpu compiles every kernel and collective
+# for v5e and v6e, no TPU needed). Then the two ends of the supported jax range (pyproject.toml: jax>=OLDEST,<NEXT): the unit
 # tests again with the oldest supported jax on this Python, and with the newest on Python 3.12
 # when this machine has one (jax 0.11 and later need 3.12). Under CI=true the oldest-jax
 # environment must build.
@@ -41,6 +42,10 @@ cp notebooks/01_quantization.ipynb notebooks/sanitize.cfg "$outside"/
  "$OLDPWD/.cache/wheel-env/bin/python" -m pytest -q -p no:cacheprovider --nbval-lax \
    --nbval-current-env --nbval-sanitize-with sanitize.cfg 01_quantization.ipynb)
 rm -rf "$outside"
+
+# ---- the TPU compile tier: libtpu's compilers for v5e:2x4 and v6e:2x4, its own environment
+# (jax[tpu] pinned to the jax under test; must build under CI=true), a table, fails on any error
+bash tests/tpu_compile.sh .venv/bin/python
 
 # ---- the ends of the supported jax range: unit tests only ----------------------------------
 UNIT=(tests/test_quantize.py tests/test_reference.py tests/test_collectives.py

@@ -3,6 +3,7 @@ against the model, bytes against the HLO, and the AllReduce object."""
 
 import dataclasses
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -382,3 +383,40 @@ def test_equal_all_reduce_objects_compile_once():
     np.testing.assert_array_equal(first, again)
     total(x, eq.AllReduce(eq.Format.int4(), "two_shot"))
     assert len(traces) == 2
+
+
+def test_size_gate_reads_the_mesh_devices(monkeypatch):
+    """The default size gate comes from the devices the collective runs on. A TPU runtime
+    with one chip (free Colab) runs the ring on simulated CPU devices: the default backend
+    says TPU, the mesh says CPU, and every message must still be quantized."""
+    real = jax.devices
+
+    class Chip:  # the default backend's first device, as a TPU runtime reports it
+        device_kind, platform = "TPU v5 lite", "tpu"
+
+    monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
+                        else [Chip()])
+    assert _cost_module().default_min_bytes(2, fmt=eq.Format.int8(), algorithm="ring",
+                                              device_kind="TPU v5 lite") > 32 * 4  # gates it
+    mesh = jax.make_mesh((2,), ("x",), devices=real()[:2])
+    x = jax.device_put(jax.random.normal(jax.random.key(1), (2, 32)),
+                       jax.sharding.NamedSharding(mesh, P("x")))
+
+    def run(**kw):
+        f = jax.shard_map(lambda v: eq.all_reduce(v[0], "x", **kw)[None], mesh=mesh,
+                          in_specs=P("x"), out_specs=P("x"))
+        return np.asarray(jax.jit(f)(x))
+
+    quantized, raw = run(min_bytes=0), run(fmt=None)
+    assert not np.array_equal(quantized, raw)
+    assert np.array_equal(run(), quantized)  # gated by the mesh's CPU devices: not at all
+
+
+def _cost_module():
+    """The time model's module, where it lives (models/ after the reorganization)."""
+    for name in ("equarx_ref.models.cost", "equarx_ref.cost"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("no equarx_ref cost module")

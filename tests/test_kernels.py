@@ -14,7 +14,7 @@ import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli, kernels
 from equarx_ref.quantize import decode, encode
-from equarx_ref.runs import kernel_checks
+from equarx_ref.runs import kernel_checks, tpu_compile
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
 decode = jax.jit(decode, static_argnums=(1, 2))
@@ -124,20 +124,17 @@ def test_pallas_ring_is_bitwise_xla(p, algorithm, fmt, n, k, dtype):
     assert np.abs(np.asarray(got, np.float64) - exact)[finite].max() < tol
 
 
-def test_broken_kernel_is_caught_by_the_race_detector():
-    """Without the capacity wait, a sender may overwrite a receive slot its neighbour has not
-    read yet. The detector must say so (else a race count of 0 above would prove nothing).
-
-    On jax 0.12 the interpret-mode detector stops at the first race and, rarely, reports none
-    in a run (measured: 1 run in 24 at p = 2, none in 16 at p = 4), so up to three runs at
-    p = 4 are allowed; on jax 0.10 every run reports several."""
-    results = []
-    for _ in range(3):
-        results.append(kernel_checks.check(4, fmt=eq.Format.int8(), n=256, num_chunks=2,
-                                     sabotage="capacity"))
-        if results[-1].races > 0:
-            break
-    assert results[-1].races > 0 and results[-1].sabotage == "capacity", results
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring"])
+def test_broken_kernel_is_caught_by_the_race_detector(algorithm):
+    """A receiver that reads its slot before waiting for the message races on every message,
+    whatever the threads' timing: no semaphore orders the DMA's write before that read, in the
+    happens-before sense the detector checks (at p >= 3 no other path carries the sender's
+    clock to the receiver first). So one run must report it, every time; a zero race count
+    above then means something. (The "capacity" sabotage races only on some schedules: at
+    p = 2 the neighbours' other semaphores can order the accesses, and it was once missed.)"""
+    result = kernel_checks.check(4, fmt=eq.Format.int8(), algorithm=algorithm, n=256, num_chunks=2,
+                           sabotage="early_read")
+    assert result.races > 0 and result.sabotage == "early_read", result
 
 
 def test_plan_sends_the_xla_bytes():
@@ -190,25 +187,76 @@ def test_measure_hop_refuses_without_a_tpu():
 
 def test_cli_kernels(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(kernel_checks, "CHECKS", ((2, "ring", "int8", 1, None),
-                                                   (2, "ring", "int8", 2, "capacity")))
+                                                   (4, "ring", "int8", 2, "early_read")))
     out = tmp_path / "kernels.json"
     assert cli.main(["kernels", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "no TPU" in text and "interpret mode" in text
     report = json.loads(out.read_text())
     assert report["tpu"] is False and report["timings"] == [] and not report["timing_errors"]
-    assert report["lowering"]["mxfp8"] == "lowers" and "bitwidths" in report["lowering"]["int8"]
+    assert "--compile v5e:2x4" in text and "lowering" not in report
     good, broken = report["checks"]
     assert good["bitwise"] and good["races"] == 0 and broken["races"] > 0
 
 
-def test_mx_hops_lower_for_a_tpu():
-    """The MX hops lower to Mosaic as they are (the essay says so; a captured array constant in
-    the 4-bit packing once broke mxfp4 and int4 even in interpret mode); bf16-scaled int8 stops
-    at the byte packing."""
-    for fmt in (eq.Format.mxfp8(), eq.Format.mxfp4()):
-        assert kernels.lowering_error(fmt) is None, (str(fmt), kernels.lowering_error(fmt))
-    assert "bitwidths" in kernels.lowering_error(eq.Format.int8())
+def test_cli_compile_without_libtpu(capsys):
+    """`kernels --compile` compiles with libtpu; where it is not installed (this suite's
+    environment), one clear line says how to get it. The compiles themselves run in the TPU
+    compile tier (tests/tpu_compile.sh, tests/test_tpu_compile.py)."""
+    if tpu_compile.libtpu_version() is not None:
+        pytest.skip("libtpu is installed here: the compile tier covers --compile")
+    assert cli.main(["kernels", "--compile", "v5e:2x4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "libtpu is not installed" in err[0] and "jax[tpu]==" in err[0]
+
+
+def test_cli_compile_options(tmp_path, capsys, monkeypatch):
+    """The options reach `tpu_compile.run` as parsed, and the report is stored with the
+    command that made it (run replaced: the compiles need libtpu, the compile tier has it)."""
+    calls = []
+
+    def run(topologies, **kw):
+        calls.append((topologies, kw))
+        return 0, {"topologies": list(topologies), "results": []}
+    monkeypatch.setattr(tpu_compile, "run", run)
+    out = tmp_path / "tpu.json"
+    argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "hop",
+            "--read-back", "--jobs", "2", "--json", str(out)]
+    assert cli.main(argv) == 0
+    (topologies, kw), = calls
+    assert topologies == ("v5e:2x4", "v6e:2x4") and kw["families"] == ("pallas", "hop")
+    assert kw["read_back_too"] is True and kw["jobs"] == 2
+    report = json.loads(out.read_text())
+    assert report["command"] == ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only pallas "
+                                 f"hop --read-back --jobs 2 --json {out}")
+    assert report["topologies"] == ["v5e:2x4", "v6e:2x4"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--compile", "v5e"], "expected TPU slices like v5e:2x4"),
+    (["--compile", ","], "expected TPU slices like v5e:2x4"),
+    (["--compile", "v5e:2x4", "--jobs", "0"], "expected an integer >= 1"),
+    (["--compile", "v5e:2x4", "--only", "mosaic"], "invalid choice: 'mosaic'"),
+])
+def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
+    monkeypatch.setattr(tpu_compile, "run", lambda *a, **k: pytest.fail("the work started"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["kernels", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.parametrize("flag", [["--read-back"], ["--only", "xla"], ["--jobs", "2"]])
+def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
+    monkeypatch.setattr(kernel_checks, "report", lambda **k: pytest.fail("the work started"))
+    assert cli.main(["kernels", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "go with --compile TOPOLOGY" in err[0], err
+
+
+def test_compile_matrix_refuses_an_unknown_family():
+    with pytest.raises(ValueError, match="unknown compile families"):
+        tpu_compile.compile_matrix("v5e:2x4", families=("mosaic",))
 
 
 def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):

@@ -8,6 +8,7 @@ import sys
 
 from . import COMMANDS
 from .options import (
+    argument,
     at_least,
     bytes_text,
     figure_path,
@@ -73,24 +74,70 @@ def cmd_model(args) -> int:
     return 0
 
 
-
 def add_kernels(sub) -> None:
+    from ..runs.tpu_compile import FAMILIES
+
     p = sub.add_parser("kernels", help=COMMANDS["kernels"][0],
                        description="The Pallas ring AllReduce (impl='pallas') against the XLA "
                        "path: bitwise equality and the race detector's count, in TPU interpret "
                        "mode on CPU devices (a deliberately broken kernel must show races). On "
                        "a TPU: the fused hop kernel's GB/s against XLA's hop and the chip's HBM "
-                       "bandwidth, measured on the chip. Without a TPU, no TPU figure.")
+                       "bandwidth, measured on the chip. Without a TPU, no TPU figure. With "
+                       "--compile: every kernel and collective compiled for TPU slices with "
+                       "libtpu, on this machine (nothing runs on a TPU).")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
+    p.add_argument("--compile", metavar="TOPOLOGY", type=argument(topologies), default=None,
+                   help="instead: compile every kernel and collective for TPU slices, e.g. "
+                   "v5e:2x4 or v5e:2x4,v6e:2x4, with libtpu (no TPU needed; pip install "
+                   "'jax[tpu]==<your jax>'), and print which compiled")
+    p.add_argument("--read-back", action="store_true",
+                   help="with --compile: also read the TPU programs back (wire bytes from the "
+                   "HLO, what XLA:TPU overlaps, its bytes accessed against the time model)")
+    p.add_argument("--only", choices=(*FAMILIES, "none"), nargs="+", default=None,
+                   help="with --compile: only these families ('none' with --read-back: the "
+                   "read-back alone)")
+    p.add_argument("--jobs", type=at_least(1), default=1,
+                   help="with --compile: compile on this many threads (one process: libtpu "
+                   "allows one at a time)")
     p.set_defaults(func=cmd_kernels)
 
 
+def topologies(text: str) -> tuple[str, ...]:
+    """`--compile`'s value: TPU slices separated by commas, each CHIP:SHAPE ("v5e:2x4")."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t.count(":") != 1 or not all(t.split(":"))]
+    if not names or bad:
+        raise ValueError(f"expected TPU slices like v5e:2x4 or v5e:2x4,v6e:2x4, got {text!r}")
+    return names
+
+
+def _compile_command(args) -> str:
+    """The command line that made a --compile report (stored with it)."""
+    return " ".join(["equarx-ref kernels --compile", ",".join(args.compile),
+                     *(["--only", *args.only] if args.only else []),
+                     *(["--read-back"] if args.read_back else []),
+                     *([f"--jobs {args.jobs}"] if args.jobs != 1 else []),
+                     *(["--json", args.json] if args.json else [])])
+
+
 def cmd_kernels(args) -> int:
+    out = sys.stderr if args.json == "-" else sys.stdout
+    if args.compile is not None:  # before anything else starts jax's backends: libtpu's env
+        from ..runs import tpu_compile
+
+        status, report = tpu_compile.run(
+            args.compile, families=tuple(args.only) if args.only else None,
+            read_back_too=args.read_back, jobs=args.jobs, out=out,
+            progress=lambda m: print(f"  {m}", file=sys.stderr))
+        if args.json and report:
+            write_json(args.json, {"command": _compile_command(args), **report})
+        return status
+    if args.only or args.read_back or args.jobs != 1:
+        raise ValueError("--only, --read-back and --jobs go with --compile TOPOLOGY")
     from .. import devices
     from ..runs import kernel_checks
 
-    out = sys.stderr if args.json == "-" else sys.stdout
     devs = devices.setup_devices(8)
     report = kernel_checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
     if not report["tpu"]:
@@ -101,9 +148,9 @@ def cmd_kernels(args) -> int:
              "-" if c["races"] is None else str(c["races"])] for c in report["checks"]]
     print(table(["p", "algorithm", "format", "pieces", "sabotage", "bitwise = xla", "races"],
                 rows), file=out)
-    print("the fused hop lowered for a TPU (Mosaic, checked from this machine):", file=out)
-    for name, status in report["lowering"].items():
-        print(f"  {name:>9}: {status}", file=out)
+    if not report["tpu"]:
+        print("whether they compile for a TPU: equarx-ref kernels --compile v5e:2x4 (libtpu)",
+              file=out)
     for t in report["timings"]:
         hbm = "" if t["hbm_gbps"] is None else f", {t['kernel_gbps'] / t['hbm_gbps']:.0%} of HBM"
         print(f"{t['chip']} fused hop {t['format']}: {t['kernel_gbps']:.0f} GB/s (XLA "

@@ -10,7 +10,7 @@ them is `runs/kernel_checks.py`.
 """
 
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
-from .hop import fused_hop, hop_reference, lowering_error, wire_codec
+from .hop import fused_hop, hop_reference, wire_codec
 from .ring import SABOTAGES, RingPlan, plan_ring, ring_all_reduce
 from .timeline import kernel_timeline
 
@@ -22,7 +22,6 @@ __all__ = [
     "hop_reference",
     "interpret_params",
     "kernel_timeline",
-    "lowering_error",
     "on_tpu",
     "plan_ring",
     "race_detecting",

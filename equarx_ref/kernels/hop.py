@@ -13,15 +13,16 @@ bound is what `kernels.measure` compares the kernel's GB/s against on a TPU.
 
 The kernel body calls the package's own `quantize.encode` and `quantize.decode` on the values
 it loaded, so it is bitwise the XLA path for every format by construction (tested for int8,
-int4, fp8 and MX formats in interpret mode). A caveat for native TPUs: Mosaic lowers only part
-of that code. Lowered for a TPU from CPU (jax 0.10.2), the bf16- and f32-scaled formats stop at
-the byte packing: `bitcast_convert_type` between types of different widths (a bf16 scale <-> two
-uint8, the `to_bytes` layout) is "not supported"; past it, `isfinite` on a bf16 scale has no TPU
-op either. A native hop for them needs the scale bytes packed with 32-bit integer shifts and the
-scale maths in f32. The MX formats, whose E8M0 scale is already one byte, lower as they are.
-`lowering_error(fmt)` lowers the hop for a TPU from any machine and returns Mosaic's complaint
-(None if it lowers), so the gap is a printed fact, not a guess; on a TPU `equarx-ref kernels`
-reports the compile error instead of a figure for a format whose hop does not build.
+int4, fp8 and MX formats in interpret mode). That code is written for Mosaic, the TPU kernel
+compiler, which refuses bitcasts between types of different widths, compares and shifts on
+narrow integers and `isfinite` on bf16: the scale bytes are packed with 32-bit integer shifts,
+bf16 scales are read back as f32, bit streams go word by word through int32. Compiled with
+libtpu for v5e and v6e from a CPU machine (`runs/tpu_compile.py`'s `compile_hop`, the compile
+tier of tests/run.sh, record in docs/data/tpu.json), the hop builds for int8, int4, fp8_e4m3,
+fp8_e5m2, mxfp8, mxfp6_e2m3 and mxfp4 (for v5p too; not for v4, whose Mosaic refuses to
+reshape bytes into the codec's rows: `kernels/ring.py`).
+Compiled is not run: no TPU timing of this kernel is claimed here; on a TPU `equarx-ref
+kernels` measures it.
 
 `wire_codec(fmt, dtype)` is the message codec the ring kernel uses: a Format's bytes, or with
 `fmt=None` the raw bits of the input dtype (a bf16 partial sum rounded to bf16 at each hop),
@@ -40,7 +41,7 @@ from ..formats import Format
 from ..quantize import Codec, decode, encode
 from . import backend
 
-__all__ = ["fused_hop", "hop_reference", "lowering_error", "wire_codec"]
+__all__ = ["fused_hop", "hop_reference", "wire_codec"]
 
 
 def wire_codec(fmt: Format | None, dtype) -> Codec:
@@ -107,33 +108,3 @@ def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int
         out_specs=pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),
         interpret=backend.interpret_params(interpret),
     )(wire, local)
-
-
-def lowering_error(fmt: Format, *, rows: int = 8, m: int = 1024,
-                   device_kind: str = "TPU v5 lite") -> str | None:
-    """Lower `fused_hop` for a TPU (Mosaic) without one; the first line of the error, or None.
-
-    Lowering is jax's Python-side translation to Mosaic, where unsupported operations are
-    refused; Mosaic's own compiler (on the chip's host) may still refuse more. Uses jax's
-    abstract-device mesh to name the chip; "cannot check: ..." if this jax lacks it.
-    """
-    try:
-        from jax._src import mesh as mesh_lib
-
-        try:
-            chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
-        except TypeError:  # jax < 0.10.2: no platform field (the kind names the chip)
-            chip = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1)
-        mesh = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=chip)
-    except Exception as e:
-        return f"cannot check: {type(e).__name__}: {e}"
-    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8)
-    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16)
-    try:
-        with jax.sharding.use_abstract_mesh(mesh):
-            jax.jit(lambda w, v: fused_hop(w, v, fmt, interpret=False)).trace(
-                wire, local).lower(lowering_platforms=("tpu",))
-    except Exception as e:
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        return f"{type(e).__name__}: {lines[0] if lines else ''}"
-    return None

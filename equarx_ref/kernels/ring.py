@@ -49,12 +49,29 @@ Numerics: the fused hop calls the package's `quantize.encode` and `decode` on th
 the kernel (see hop.py), so every message is bitwise the XLA path's message and the result is
 bitwise `impl="xla"`'s.
 
+Layout for Mosaic. A TPU vector memory is tiled: the last two dimensions of a buffer are cut
+into tiles (8 x 128 for f32, 32 x 128 for bytes...), and a DMA may slice them only at tile
+boundaries. So no buffer is ever sliced along its last two dimensions: every piece of a chunk
+lives in a row of its own, `[lanes, slot, 1, piece]`, the slot axis off the tiled pair, and the
+input and result are handed to the kernel as `[chunks, pieces, 1, piece]` (a copy made by XLA
+outside the kernel). The layout cuts a chunk into pieces of at most two lengths (whole blocks,
+as evenly as it can), and each length gets buffers of its own, so every DMA moves whole rows,
+whatever the length: 96 values, 4096, odd block counts, and pieces shorter than one 128-lane
+tile row (32 values of int8, 37 of bf16: VMEM pads the row, the DMA moves the piece), so no
+length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_compile.py`, the
+compile tier of tests/run.sh, record in docs/data/tpu.json) the ring and the bidirectional
+ring build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
+fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. They build for v5p too
+(v5p:2x2x2, the kernels only: docs/data/tpu-v5p-v4.json), not for v4: every kernel and format
+is refused with "infer-vector-layout: unsupported shape cast", v4's Mosaic (libtpu 0.0.42.1)
+declining to reshape a vector of bytes into the codec's rows (in the int8 hop: `tpu.reshape
+vector<8x1088xi8> -> vector<8x32x34xi8>`). Compiled is not run: no TPU run or timing of this
+kernel is claimed; interpret mode proves it bitwise and race-free.
+
 Limits, stated plainly. The steps are unrolled when tracing ((2p - 1) k per lane), so the
 program grows with p and k: fine for a slice's ring of 4-16 chips, not for hundreds. VMEM holds
-only slots (a few pieces), never a whole chunk. Natively, the kernel compiles only where its
-codec lowers to Mosaic: the MX formats do; bf16/f32-scaled formats and fmt=None do not yet
-(byte packing by bitcasts of different widths, see hop.py), so on a TPU those raise Mosaic's
-error; everything is proven here in interpret mode, no TPU run of this kernel is claimed.
+only slots (a few pieces), never a whole chunk, but a piece must fit in VMEM: choose num_chunks
+so that a piece is at most a few MiB.
 """
 
 from __future__ import annotations
@@ -77,8 +94,10 @@ from .hop import wire_codec
 __all__ = ["SABOTAGES", "RingPlan", "plan_ring", "ring_all_reduce"]
 
 #: Deliberately broken variants, for showing the race detector at work: "capacity" skips the
-#: sender's wait for the receiver's "slot free" signal (it still balances the semaphore at exit).
-SABOTAGES = ("capacity",)
+#: sender's wait for the receiver's "slot free" signal (it still balances the semaphore at exit);
+#: "early_read" reads every receive slot before waiting for its message, a race on every
+#: message whatever the threads' timing (what the tests use: a red test is a real defect).
+SABOTAGES = ("capacity", "early_read")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +127,21 @@ class RingPlan:
     @property
     def k(self) -> int:
         return len(self.pieces)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The distinct piece lengths (at most two: the layout cuts whole blocks evenly)."""
+        return tuple(sorted({size for _, size in self.pieces}))
+
+    @property
+    def slot_of(self) -> tuple[tuple[int, int], ...]:
+        """Per piece j: (its size class, its index among the pieces of that class)."""
+        seen: dict[int, int] = {}
+        out = []
+        for _, size in self.pieces:
+            out.append((self.sizes.index(size), seen.get(size, 0)))
+            seen[size] = seen.get(size, 0) + 1
+        return tuple(out)
 
     @property
     def steps(self) -> int:
@@ -170,10 +204,13 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
                     tuple(codec.nbytes(size) for _, size in pieces), lanes, len(pieces) + 1)
 
 
-def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
-            me_ref, x_ref, out_ref, local, recv, send, res,
-            local_sem, recv_sem, send_sem, out_sem, capacity):
+def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *refs):
     p, k, slots = plan.p, plan.k, plan.slots
+    classes = len(plan.sizes)
+    # refs: x, out, local, recv, send, res (one per size class each), then the semaphores
+    x_ref, out_ref, local, recv, send, res = (refs[i * classes:(i + 1) * classes]
+                                              for i in range(6))
+    local_sem, recv_sem, send_sem, out_sem, capacity = refs[6 * classes:]
     me = me_ref[0]  # this device's index on the ring (an SMEM scalar, see _call)
     right, left = lax.rem(me + 1, p), lax.rem(me + p - 1, p)
 
@@ -191,26 +228,26 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
         base, way = plan.lanes[lane]
         return base + lax.rem(me - way * (h - p + 1) + 2 * p * p, p)
 
+    # Every buffer holds whole pieces of one size class (c, i = plan.slot_of[j]): DMAs copy
+    # whole rows, never a slice of the last (tiled) dimension, which Mosaic could not align.
     def fetch(lane, t):  # local DMA: piece of x needed at step t, HBM -> VMEM slot t % 2
         h, j = divmod(t, k)
-        start, size = plan.pieces[j]
-        return pltpu.make_async_copy(x_ref.at[chunk(lane, h), pl.ds(start, size)],
-                                     local.at[lane, t % 2, pl.ds(0, size)],
+        c, i = plan.slot_of[j]
+        return pltpu.make_async_copy(x_ref[c].at[chunk(lane, h), i], local[c].at[lane, t % 2],
                                      local_sem.at[lane, t % 2])
 
     def message(lane, t):  # remote DMA: message t, my send slot -> downstream's receive slot
         _, way = plan.lanes[lane]
-        nbytes = plan.piece_bytes[t % k]
+        c, _ = plan.slot_of[t % k]
         return pltpu.make_async_remote_copy(
-            send.at[lane, t % 2, pl.ds(0, nbytes)], recv.at[lane, t % slots, pl.ds(0, nbytes)],
+            send[c].at[lane, t % 2], recv[c].at[lane, t % slots],
             send_sem.at[lane, t % 2], recv_sem.at[lane, t % slots],
             device_id={axis: right if way > 0 else left})  # {mesh axis: index}: a mesh id
 
     def store(lane, t):  # local DMA: decoded result piece, VMEM slot t % 2 -> HBM
         h, j = divmod(t, k)
-        start, size = plan.pieces[j]
-        return pltpu.make_async_copy(res.at[lane, t % 2, pl.ds(0, size)],
-                                     out_ref.at[out_row(lane, h), pl.ds(start, size)],
+        c, i = plan.slot_of[j]
+        return pltpu.make_async_copy(res[c].at[lane, t % 2], out_ref[c].at[out_row(lane, h), i],
                                      out_sem.at[lane, t % 2])
 
     first_store = (p - 1) * k
@@ -218,7 +255,7 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
         fetch(lane, 0).start()
     for t in range(plan.steps):
         h, j = divmod(t, k)
-        size, nbytes = plan.pieces[j][1], plan.piece_bytes[j]
+        size, (c, _) = plan.pieces[j][1], plan.slot_of[j]
         for lane in range(len(plan.lanes)):
             _, way = plan.lanes[lane]
             upstream = left if way > 0 else right
@@ -226,10 +263,14 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
                 fetch(lane, t + 1).start()  # prefetch: overlaps this step's compute
             if h <= p - 1:
                 fetch(lane, t).wait()
-                mine = local[lane, t % 2, pl.ds(0, size)]
+                mine = local[c][lane, t % 2]  # [1, size]
             if h >= 1:  # message t - k: the same piece, one hop earlier
-                message(lane, t - k).wait_recv()
-                got = recv[lane, (t - k) % slots, pl.ds(0, nbytes)]
+                if sabotage == "early_read":  # the slot read before its bytes have landed
+                    got = recv[c][lane, (t - k) % slots]
+                    message(lane, t - k).wait_recv()
+                else:
+                    message(lane, t - k).wait_recv()
+                    got = recv[c][lane, (t - k) % slots]  # [1, bytes]
                 if t - k + slots < plan.messages:  # the slot is free: tell upstream
                     pl.semaphore_signal(capacity.at[lane], 1, device_id={axis: upstream})
             # The fused hop: what this device sends (or keeps) at hop h.
@@ -242,12 +283,12 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None,
             if h >= p - 1:  # reduced bytes: decode into the result (the owner too)
                 if t - 2 >= first_store:
                     store(lane, t - 2).wait()
-                res[lane, t % 2, pl.ds(0, size)] = codec.decode(wire, size).astype(res.dtype)
+                res[c][lane, t % 2] = codec.decode(wire, size).astype(res[c].dtype)
                 store(lane, t).start()
             if t < plan.messages:
                 if t >= 2:
                     message(lane, t - 2).wait_send()
-                send[lane, t % 2, pl.ds(0, nbytes)] = wire
+                send[c][lane, t % 2] = wire
                 if t >= slots and sabotage != "capacity":
                     pl.semaphore_wait(capacity.at[lane], 1)
                 message(lane, t).start()
@@ -284,36 +325,39 @@ def _result_type(shape, dtype, varying: frozenset) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, chunks: jax.Array,
+def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, pieces: list[jax.Array],
           varying: frozenset):
-    """The pallas_call. The device index comes in as an SMEM scalar rather than from
-    `lax.axis_index` inside the kernel: interpret mode re-traces the body inside the caller's
-    shard_map, where (jax 0.10.2, check_vma=True) arithmetic on the kernel's axis_index fails
-    the varying-axes check; a value read from memory is typed like any other."""
+    """The pallas_call, on the pieces of x grouped by size class (`[chunks, count, 1, size]`
+    each). The device index comes in as an SMEM scalar rather than from `lax.axis_index`
+    inside the kernel: interpret mode re-traces the body inside the caller's shard_map, where
+    (jax 0.10.2, check_vma=True) arithmetic on the kernel's axis_index fails the varying-axes
+    check; a value read from memory is typed like any other."""
     me = lax.axis_index(axis).astype(jnp.int32).reshape(1)
     lanes, slots = len(plan.lanes), plan.slots
-    longest = max(size for _, size in plan.pieces)
-    widest = max(plan.piece_bytes)
+    sizes = plan.sizes
+    nbytes = [codec.nbytes(size) for size in sizes]
+    dtype = pieces[0].dtype
     kernel = functools.partial(_kernel, plan, codec, axis, sabotage)
+    # [lanes, slot, 1, width]: the slot axis stays off the last two (tiled) dimensions
+    scratch = [*(pltpu.VMEM((lanes, 2, 1, m), dtype) for m in sizes),  # local: pieces of x
+               *(pltpu.VMEM((lanes, slots, 1, b), jnp.uint8) for b in nbytes),  # recv: k + 1
+               *(pltpu.VMEM((lanes, 2, 1, b), jnp.uint8) for b in nbytes),  # send: in flight
+               *(pltpu.VMEM((lanes, 2, 1, m), codec.acc) for m in sizes),  # res: decoded
+               pltpu.SemaphoreType.DMA((lanes, 2)),
+               pltpu.SemaphoreType.DMA((lanes, slots)),
+               pltpu.SemaphoreType.DMA((lanes, 2)),
+               pltpu.SemaphoreType.DMA((lanes, 2)),
+               pltpu.SemaphoreType.REGULAR((lanes,))]  # capacity: free slots downstream
+    any_space = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         kernel,
-        out_shape=_result_type((plan.chunks, plan.length), codec.acc, varying),
-        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        scratch_shapes=[
-            pltpu.VMEM((lanes, 2, longest), chunks.dtype),  # local: prefetched pieces of x
-            pltpu.VMEM((lanes, slots, widest), jnp.uint8),  # recv: k + 1 receive slots
-            pltpu.VMEM((lanes, 2, widest), jnp.uint8),  # send: encoded, in flight
-            pltpu.VMEM((lanes, 2, longest), codec.acc),  # res: decoded, on their way out
-            pltpu.SemaphoreType.DMA((lanes, 2)),
-            pltpu.SemaphoreType.DMA((lanes, slots)),
-            pltpu.SemaphoreType.DMA((lanes, 2)),
-            pltpu.SemaphoreType.DMA((lanes, 2)),
-            pltpu.SemaphoreType.REGULAR((lanes,)),  # capacity: free slots downstream
-        ],
+        out_shape=[_result_type(a.shape, codec.acc, varying) for a in pieces],
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), *(any_space for _ in pieces)],
+        out_specs=[any_space for _ in pieces],
+        scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(collective_id=0),
         interpret=interpret,
-    )(me, chunks)
+    )(me, *pieces)
 
 
 def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format.int8(),  # noqa: B008
@@ -359,6 +403,10 @@ def _ring(x, axis_name, fmt, algorithm, num_chunks, interpret, sabotage):
     flat = x.reshape(-1)
     if plan.chunks * plan.length > n:
         flat = jnp.pad(flat, (0, plan.chunks * plan.length - n))
-    out = _call(plan, codec, axis_name, interpret, sabotage,
-                flat.reshape(plan.chunks, plan.length), _varying(x) - {axis_name})
+    chunks = flat.reshape(plan.chunks, plan.length)
+    by_size = [[j for j, (_, size) in enumerate(plan.pieces) if size == m] for m in plan.sizes]
+    pieces = [jnp.stack([chunks[:, plan.pieces[j][0]:sum(plan.pieces[j])] for j in group],
+                        axis=1)[:, :, None, :] for group in by_size]  # [chunks, count, 1, size]
+    outs = _call(plan, codec, axis_name, interpret, sabotage, pieces, _varying(x) - {axis_name})
+    out = jnp.concatenate([outs[c][:, i, 0] for c, i in plan.slot_of], axis=1)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

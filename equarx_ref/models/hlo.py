@@ -16,16 +16,24 @@ with g the replica-group size, read from `replica_groups` in any of the notation
 This is where XLA:CPU's habits show: a bf16 psum is an f32 all-reduce, an fp8 ppermute travels
 as f16; the collectives of this package bitcast their payloads to uint8 so that what is counted
 is what is sent.
+
+What runs while a message travels. A compiler for a chip with asynchronous links (XLA:TPU)
+splits each collective-permute into a `-start` and a `-done` and schedules independent work
+between them. `collective_overlap(hlo_text)` reads that schedule back from a compiled program
+(its ENTRY computation, in the order it runs): for each start/done pair, the fusions placed
+in between, and which of those feed a later send (the quantize work of another message, done
+while this one is on the wire: the overlap EQuARX's deep pipelining needs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
 from .._checks import count
 
-__all__ = ["hlo_wire_bytes"]
+__all__ = ["PermuteOverlap", "collective_overlap", "hlo_wire_bytes"]
 
 _HLO_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(collective-permute|all-to-all|all-gather|all-reduce)"
                      r"(-start)?\(")
@@ -81,4 +89,93 @@ def hlo_wire_bytes(hlo_text: str, p: int) -> dict[str, float]:
         sent = {"collective-permute": size, "all-to-all": size * (g - 1) / g,
                 "all-gather": size * (g - 1) / g, "all-reduce": 2 * size * (g - 1) / g}[kind]
         out[kind] = out.get(kind, 0.0) + sent
+    return out
+
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_OP = re.compile(r"(?<=\s)([a-z][a-z0-9\-]*)\(((?:%[\w.\-]+(?:,\s*)?)*)\)")
+_NAME = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PermuteOverlap:
+    """One asynchronous collective-permute of a compiled program, as scheduled.
+
+    Attributes:
+        start, done: the instruction names of the pair.
+        nbytes: bytes of the message (the start's operand).
+        between: fusions scheduled after the start and before the done (they run while the
+            message is in flight).
+        feeding: those of `between` whose result reaches a later collective-permute-start:
+            the encoding of another message, overlapped with this transfer.
+        in_flight: permutes started and not yet done when this one starts (itself included).
+    """
+
+    start: str
+    done: str
+    nbytes: int
+    between: tuple[str, ...]
+    feeding: tuple[str, ...]
+    in_flight: int
+
+
+def _entry(hlo_text: str) -> list[tuple[str, str, list[str]]]:
+    """(name, op, operand names) of the ENTRY computation's instructions, in schedule order."""
+    out, inside = [], False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+            continue
+        if inside and line.startswith("}"):
+            break
+        m = _INSTR.match(line) if inside else None
+        if not m:
+            continue
+        op = _OP.search(" " + m.group(2))
+        if op:
+            out.append((m.group(1), op.group(1), _NAME.findall(op.group(2))))
+    return out
+
+
+def collective_overlap(hlo_text: str) -> list[PermuteOverlap]:
+    """Each collective-permute-start / -done pair of a compiled (scheduled) program, in order,
+    with the fusions scheduled between them. XLA:CPU runs collectives synchronously (no pairs:
+    an empty list); XLA:TPU's programs have them."""
+    instrs = _entry(hlo_text)
+    position = {name: i for i, (name, _, _) in enumerate(instrs)}
+    operands = {name: args for name, _, args in instrs}
+    starts = [name for name, op, _ in instrs if op == "collective-permute-start"]
+    done_of = {args[0]: name for name, op, args in instrs
+               if op == "collective-permute-done" and args}
+    feeds: dict[str, set[str]] = {}  # instruction -> the permute-starts it reaches
+
+    for start in starts:  # walk each send's inputs back (the program is a DAG)
+        stack, seen = list(operands.get(start, [])), set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            feeds.setdefault(name, set()).add(start)
+            stack.extend(operands.get(name, []))
+    shapes = {}
+    for line in hlo_text.splitlines():
+        m = _HLO_OP.search(line)
+        n = _INSTR.match(line)
+        if m and n and m.group(2) == "collective-permute" and m.group(3):
+            found = [(dt, d) for dt, d in _HLO_SHAPE.findall(m.group(1)) if d]
+            dt, dims = found[0] if found else ("u8", "")
+            shapes[n.group(1)] = _HLO_BYTES.get(dt, 1) * math.prod(
+                int(d) for d in dims.split(",") if d)
+    out = []
+    for start in starts:
+        done = done_of.get(start)
+        if done is None:
+            continue
+        lo, hi = position[start], position[done]
+        between = tuple(name for name, op, _ in instrs[lo + 1:hi] if op == "fusion")
+        feeding = tuple(name for name in between if feeds.get(name, set()) - {start})
+        flying = sum(1 for s in starts if position[s] <= lo and
+                     position.get(done_of.get(s, ""), -1) > lo)
+        out.append(PermuteOverlap(start, done, shapes.get(start, 0), between, feeding, flying))
     return out
