@@ -5,7 +5,7 @@ A count is a Python or NumPy integer, never a bool (`True` is an int to Python, 
 at least `minimum` and at most `maximum`. A flag is True or False (1 is not a flag). A number
 is a real, finite int or float (not a bool, not a string). A value dtype is a floating dtype
 (what `all_reduce` sums). Anything else is refused with a message naming the argument and the
-value.
+value. An array is anything `jnp.asarray` takes (with `floating=True`, of a floating dtype).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["count", "flag", "number", "value_dtype"]
+__all__ = ["array", "count", "flag", "number", "value_dtype"]
 
 
 def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
@@ -57,4 +57,15 @@ def value_dtype(dtype, what: str = "dtype") -> np.dtype:
     if out is None or not jnp.issubdtype(out, jnp.floating):
         raise TypeError(f"{what} must be a floating dtype such as 'bfloat16' or 'float32', "
                         f"got {dtype!r}")
+    return out
+
+
+def array(value, what: str, *, floating: bool = False):
+    """`value` as a jax array (floating-point with floating=True), else an error naming `what`."""
+    try:
+        out = jnp.asarray(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be an array, got {type(value).__name__}") from None
+    if floating and not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(f"{what} must hold floating-point values, got dtype {out.dtype}")
     return out

@@ -12,6 +12,8 @@ without a class here fails it, so no argument skips its check.
 
 import inspect
 import re
+import tempfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
+import equarx_ref.kernels as kernels
+import equarx_ref.outliers as outliers
 from conftest import DEVICES
 
 INT8 = eq.Format.int8()
@@ -98,8 +102,110 @@ CALLS = {
                                     "hbm_bandwidth": 1e12, "peak_flops": 1e14}),
 }
 
+
+# ---- the lazily loaded subpackages: `<subpackage>.<name>` ------------------------------------
+
+PLAN = kernels.plan_ring(256, 4, fmt=INT8)
+LOCAL = np.linspace(-1, 1, 8 * 32, dtype=np.float32).reshape(8, 32)
+
+
+def _ring_all_reduce(x, axis_name, **kw):
+    return _on_4_devices(lambda: kernels.ring_all_reduce(x, axis_name, **kw))
+
+
+def _wire() -> np.ndarray:
+    """8 messages of 32 int8 values, as the kernel receives them."""
+    return np.asarray(kernels.hop_reference(np.zeros((8, INT8.nbytes(32)), np.uint8), LOCAL,
+                                            INT8))
+
+
+CALLS.update({
+    "kernels.plan_ring": (kernels.plan_ring, kernels.plan_ring,
+                          {"n": 256, "p": 4, "fmt": INT8, "algorithm": "ring"}),
+    "kernels.ring_all_reduce": (_ring_all_reduce, kernels.ring_all_reduce,
+                                {"x": X, "axis_name": "tp", "fmt": INT8}),
+    "kernels.fused_hop": (kernels.fused_hop, kernels.fused_hop,
+                          {"wire": _wire(), "local": LOCAL, "fmt": INT8}),
+    "kernels.hop_reference": (kernels.hop_reference, kernels.hop_reference,
+                              {"wire": _wire(), "local": LOCAL, "fmt": INT8}),
+    "kernels.wire_codec": (kernels.wire_codec, kernels.wire_codec,
+                           {"fmt": INT8, "dtype": "float32"}),
+    "kernels.interpret_params": (kernels.interpret_params, kernels.interpret_params, {}),
+    "kernels.race_detecting": (kernels.race_detecting, kernels.race_detecting, {}),
+    "kernels.on_tpu": (kernels.on_tpu, kernels.on_tpu, {}),
+    "kernels.RaceLog": (kernels.RaceLog, kernels.RaceLog, {}),
+    "kernels.kernel_timeline": (kernels.kernel_timeline, kernels.kernel_timeline,
+                                {"plan": PLAN}),
+})
+
+def _calibration() -> dict:
+    """A calibration of 1 site, 4 devices, 64 features after one batch of 8 tokens."""
+    parts = np.linspace(-2, 2, 4 * 8 * 64, dtype=np.float32).reshape(4, 1, 8, 64)
+    return outliers.update_calibration(outliers.init_calibration(1, 4, 64), parts)
+
+
+STATE = _calibration()
+STATIC = outliers.StaticFormat.from_calibration(STATE, outliers=1)
+SAVED = Path(tempfile.mkdtemp(prefix="equarx-args-")) / "calibration.npz"
+outliers.save_calibration(SAVED, STATE)
+PARTS = np.ones((4, 1, 8, 64), np.float32)
+
+
+def _static_all_reduce(x, axis_name, **kw):
+    return _on_4_devices(lambda: outliers.static_all_reduce(x, axis_name, **kw))
+
+
+def _static_all_reduce_object(x, axis_name, site=None, **kw):
+    ar = outliers.StaticAllReduce(**kw)  # refused here, when built
+    return _on_4_devices(lambda: ar(x, axis_name, site=site))
+
+
+CALLS.update({
+    "outliers.StaticAllReduce": (_static_all_reduce_object, outliers.StaticAllReduce,
+                                 {"x": X, "axis_name": "tp", "fmt": STATIC}),
+    "outliers.StaticAllReduce.from_calibration": (
+        outliers.StaticAllReduce.from_calibration, outliers.StaticAllReduce.from_calibration,
+        {"state": STATE}),
+    "outliers.StaticFormat.from_calibration": (
+        outliers.StaticFormat.from_calibration, outliers.StaticFormat.from_calibration,
+        {"state": STATE}),
+    "outliers.static_all_reduce": (_static_all_reduce, outliers.static_all_reduce,
+                                   {"x": X, "axis_name": "tp", "fmt": STATIC, "site": 0}),
+    "outliers.static_wire_bytes": (outliers.static_wire_bytes, outliers.static_wire_bytes,
+                                   {"tokens": 8, "p": 4, "fmt": STATIC}),
+    "outliers.check_calibration": (outliers.check_calibration, outliers.check_calibration,
+                                   {"state": STATE, "sites": 1, "features": 64, "devices": 4}),
+    "outliers.default_outliers": (outliers.default_outliers, outliers.default_outliers,
+                                  {"features": 640}),
+    "outliers.init_calibration": (outliers.init_calibration, outliers.init_calibration,
+                                  {"sites": 1, "devices": 4, "features": 64}),
+    "outliers.load_calibration": (outliers.load_calibration, outliers.load_calibration,
+                                  {"path": SAVED, "sites": 1, "features": 64, "devices": 4}),
+    "outliers.save_calibration": (outliers.save_calibration, outliers.save_calibration,
+                                  {"path": SAVED, "state": STATE}),
+    "outliers.select_outliers": (outliers.select_outliers, outliers.select_outliers,
+                                 {"state": STATE, "k": 2}),
+    "outliers.update_calibration": (outliers.update_calibration, outliers.update_calibration,
+                                    {"state": STATE, "parts": PARTS}),
+    "outliers.window_sums": (outliers.window_sums, outliers.window_sums, {"parts": PARTS}),
+})
+
+#: Public callables of the lazy subpackages not covered yet, and why (the coverage test fails
+#: for a new callable in neither CALLS nor here).
+SKIPPED_SUBPACKAGE_CALLABLES = {
+    # viz: not yet tabled
+    "viz.draw_kernel_timeline", "viz.draw_schedule", "viz.draw_timeline", "viz.draw_torus",
+    "viz.plot_bytes_error", "viz.plot_comparison", "viz.plot_cpu_time",
+    "viz.plot_feature_ranges", "viz.plot_measured", "viz.plot_speedup", "viz.plot_sweep",
+    # gemma: not yet tabled
+    "gemma.Gemma3Config", "gemma.ShardedParams", "gemma.Tokenizer", "gemma.forward",
+    "gemma.load_gguf", "gemma.shard_params", "gemma.Gemma3Config.preset",
+    "gemma.Tokenizer.from_gguf",
+}
+
 #: Records the library builds and hands out (a user reads them, never needs to build one).
-RECORDS = {"Quantized", "Schedule", "Step", "Transfer"}
+RECORDS = {"Quantized", "Schedule", "Step", "Transfer", "kernels.RingPlan",
+           "outliers.StaticFormat"}  # built by StaticFormat.from_calibration
 
 #: (callable, argument) -> class of input. The argument names match the signatures.
 ARGUMENTS = {
@@ -159,6 +265,51 @@ ARGUMENTS = {
     ("Chip", "links"): "count", ("Chip", "torus"): "torus",
     ("Chip", "source"): "text", ("Chip", "quantize_overhead"): "non-negative number",
     ("Chip", "codec_bandwidth"): "positive number or None",
+    ("kernels.plan_ring", "n"): "size", ("kernels.plan_ring", "p"): "count",
+    ("kernels.plan_ring", "fmt"): "format or None",
+    ("kernels.plan_ring", "algorithm"): "kernel algorithm",
+    ("kernels.plan_ring", "num_chunks"): "count", ("kernels.plan_ring", "dtype"): "value dtype",
+    **{("kernels.ring_all_reduce", a): c for a, c in [
+        ("x", "float array"), ("axis_name", "one axis name"), ("fmt", "format or None"),
+        ("algorithm", "kernel algorithm"), ("num_chunks", "count"), ("interpret", "interpret"),
+        ("sabotage", "sabotage")]},
+    **{(f"kernels.{f}", a): c for f in ["fused_hop", "hop_reference"] for a, c in [
+        ("wire", "wire bytes"), ("local", "local values"), ("fmt", "format")]},
+    ("kernels.fused_hop", "block_rows"): "block rows", ("kernels.fused_hop", "interpret"):
+        "interpret",
+    ("kernels.wire_codec", "fmt"): "format or None", ("kernels.wire_codec", "dtype"):
+        "value dtype",
+    ("kernels.interpret_params", "interpret"): "interpret",
+    ("kernels.kernel_timeline", "plan"): "ring plan",
+    ("kernels.kernel_timeline", "device"): "plan device",
+    ("kernels.kernel_timeline", "lane"): "plan lane",
+    **{("kernels.kernel_timeline", a): "non-negative number" for a in ["compute", "link",
+                                                                          "fetch"]},
+    **{("outliers.static_all_reduce", a): c for a, c in [
+        ("x", "float array"), ("axis_name", "one axis name"), ("fmt", "static format"),
+        ("site", "site or None"), ("algorithm", "static algorithm")]},
+    ("outliers.StaticAllReduce", "fmt"): "static format",  # its call is static_all_reduce's
+    ("outliers.StaticAllReduce", "algorithm"): "static algorithm",
+    **{(f"outliers.{f}.from_calibration", a): c for f in ["StaticAllReduce", "StaticFormat"]
+       for a, c in [("state", "calibration state"), ("outliers", "outlier count or None")]},
+    ("outliers.StaticAllReduce.from_calibration", "algorithm"): "static algorithm",
+    ("outliers.static_wire_bytes", "tokens"): "size", ("outliers.static_wire_bytes", "p"):
+        "count", ("outliers.static_wire_bytes", "fmt"): "static format",
+    ("outliers.static_wire_bytes", "algorithm"): "static algorithm",
+    **{(f"outliers.{f}", a): "count or None" for f in ["check_calibration", "load_calibration"]
+       for a in ["sites", "features", "devices"]},
+    ("outliers.check_calibration", "state"): "calibration state",
+    ("outliers.default_outliers", "features"): "count",
+    **{("outliers.init_calibration", a): "count" for a in ["sites", "devices", "features"]},
+    ("outliers.init_calibration", "momentum"): "momentum",
+    ("outliers.load_calibration", "path"): "calibration file",
+    ("outliers.save_calibration", "path"): "writable path",
+    ("outliers.save_calibration", "state"): "calibration state",
+    ("outliers.select_outliers", "state"): "calibration state",
+    ("outliers.select_outliers", "k"): "outlier count",
+    ("outliers.update_calibration", "state"): "calibration state",
+    ("outliers.update_calibration", "parts"): "calibration parts",
+    ("outliers.window_sums", "parts"): "partial sums",
 }
 
 #: An argument a message may name by what it holds: a format's text is "format ..." there.
@@ -210,19 +361,57 @@ CLASSES = {
     "positive number or None": _POSITIVE[:3] + _POSITIVE[4:],
     "non-negative number": [-1.0, "0", None, float("nan"), float("inf")],
     "torus": [(0,), (2.5,), "2x4", 4, (-2, 2), None],
+    "kernel algorithm": ["tree", "", None, 5, ["ring"], "one_shot", "psum"],
+    "one axis name": [None, 5, "", ("tp", "tp"), "nosuch", [], b"tp", ("tp",)],
+    "interpret": ["yes", 5, 1.0, "interpret"],
+    "sabotage": ["nosuch", "", 5, True],
+    "wire bytes": [None, "abc", LOCAL, np.zeros((8, 7), np.uint8), np.zeros(8, np.uint8),
+                   np.zeros((4, INT8.nbytes(32)), np.uint8)],
+    "local values": [None, "abc", np.ones((8, 32), np.int32), LOCAL[:, :16], LOCAL[0]],
+    "block rows": [0, -8, 3, 2.5, "8", True],
+    "ring plan": [None, 5, "plan", {"p": 4}],
+    "plan device": [-1, 4, 2.5, "0", True, None],
+    "plan lane": [-1, 1, 2.5, "0", True, None],
+    "static format": [None, INT8, "int4", 5],
+    "site or None": [-1, 1, 2.5, "0", True, np.zeros(2, np.int32)],
+    "static algorithm": ["ring2", "", None, 5, ["ring"], "bidir_ring"],
+    "calibration state": [None, {}, {"lo": 1}, 5, "state", {**STATE, "lo": np.zeros(3)}],
+    "outlier count or None": [-1, 65, 2.5, "1", True],
+    "outlier count": [-1, 65, 2.5, "1", True, None],
+    "momentum": [1.0, -0.1, "0.9", None, float("nan"), True],
+    "calibration file": [None, 5, "", "/nonexistent/calibration.npz", "/", b"x.npz"],
+    "writable path": [None, 5, "", "/nonexistent/dir/calibration.npz", b"x.npz"],
+    "calibration parts": [None, "abc", PARTS[:2], PARTS[..., :8], PARTS[:, :, :0],
+                          PARTS * np.nan, PARTS > 0],
+    "partial sums": [None, "abc", np.float32(1.0), np.ones(3, bool)],
 }
 
 
+SUBPACKAGES = ("gemma", "kernels", "outliers", "viz")
+
+
 def _public_callables() -> dict[str, object]:
-    """Every callable `equarx_ref` exports (lazy subpackages aside), Format's constructors."""
+    """Every callable `equarx_ref` and its lazily loaded subpackages export (a subpackage's as
+    `<subpackage>.<name>`), Format's constructors."""
     out = {}
     for name in eq.__all__:
-        obj = getattr(eq, name) if name not in ("gemma", "kernels", "outliers", "viz") else None
+        obj = getattr(eq, name) if name not in SUBPACKAGES else None
         if callable(obj) and name not in RECORDS:
             out[name] = obj
-    for name, obj in vars(eq.Format).items():
-        if isinstance(obj, classmethod):
-            out[f"Format.{name}"] = getattr(eq.Format, name)
+    for sub in SUBPACKAGES:
+        module = getattr(eq, sub)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if callable(obj) and f"{sub}.{name}" not in RECORDS:
+                out[f"{sub}.{name}"] = obj
+    for prefix, cls in [("", eq.Format),
+                        *((f"{s}.", getattr(getattr(eq, s), n)) for s in SUBPACKAGES
+                          for n in getattr(eq, s).__all__)]:
+        if not isinstance(cls, type):
+            continue
+        for name, obj in vars(cls).items():
+            if isinstance(obj, classmethod) and not name.startswith("_"):
+                out[f"{prefix}{cls.__name__}.{name}"] = getattr(cls, name)
     return out
 
 
@@ -240,8 +429,10 @@ def _cases():
 def test_every_argument_has_a_class():
     """A public callable missing from CALLS, or an argument without a class, fails here."""
     public = _public_callables()
-    assert set(public) == set(CALLS), f"CALLS differs from the public callables: " \
-        f"missing {sorted(set(public) - set(CALLS))}, extra {sorted(set(CALLS) - set(public))}"
+    listed = set(CALLS) | set(SKIPPED_SUBPACKAGE_CALLABLES)
+    assert not set(CALLS) & set(SKIPPED_SUBPACKAGE_CALLABLES), "both covered and skipped"
+    assert set(public) == listed, f"CALLS and SKIPPED differ from the public callables: " \
+        f"missing {sorted(set(public) - listed)}, extra {sorted(listed - set(public))}"
     missing = [(fn, a) for fn, (_, sig_of, _) in CALLS.items() for a in _parameters(sig_of)
                if (fn, a) not in ARGUMENTS]
     extra = [k for k in ARGUMENTS if k[1] not in _parameters(CALLS[k[0]][1])]

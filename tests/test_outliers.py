@@ -180,7 +180,7 @@ def test_bad_use_is_refused(state):
     x = planted(0)[:, 0]
     with pytest.raises(ValueError, match="say which"):
         run(ar, x, None)
-    with pytest.raises(ValueError, match=r"site must lie in \[0, 3\)"):
+    with pytest.raises(ValueError, match=r"site must be in \[0, 2\], got 3"):
         run(ar, x, 3)
     with pytest.raises(ValueError, match="calibrated on 4 devices"):
         m = eq.make_mesh(DEVICES[:2], ("tp",))

@@ -59,7 +59,11 @@ def _mesh_platform() -> str | None:
 def interpret_params(interpret=None):
     """`interpret=` for `pallas_call`: None picks native on a TPU (the mesh's devices inside
     `shard_map`, else the default backend), else interpret mode with the race detector on;
-    True means interpret mode with the detector; anything else is passed on."""
+    True means interpret mode with the detector; False or a `pltpu.InterpretParams` is passed
+    on; anything else is refused."""
+    if not (interpret is None or isinstance(interpret, (bool, pltpu.InterpretParams))):
+        raise TypeError(f"interpret must be None, True, False or a pltpu.InterpretParams, got "
+                        f"{interpret!r}")
     if interpret is None:
         platform = _mesh_platform()
         if (platform == "tpu") if platform is not None else on_tpu():

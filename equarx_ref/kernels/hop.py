@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from .._checks import array, count, value_dtype
 from ..formats import Format
 from ..quantize import Codec, decode, encode
 from . import backend
@@ -49,11 +50,12 @@ def wire_codec(fmt: Format | None, dtype) -> Codec:
     the XLA path's own, so both paths put the same bytes on the wire."""
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
-    return Codec(fmt, dtype)
+    return Codec(fmt, value_dtype(dtype))
 
 
 def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
     """The XLA hop the kernel must match bitwise: `encode(decode(wire) + local)`."""
+    wire, local, _, _ = _check_hop(wire, local, fmt)
     return encode(decode(wire, fmt, local.shape[-1]) + local.astype(jnp.float32), fmt)
 
 
@@ -63,9 +65,10 @@ def _hop_kernel(fmt: Format, m: int, wire_ref, local_ref, out_ref):
     out_ref[...] = encode(total, fmt)
 
 
-def _check_hop(wire, local, fmt) -> tuple[int, int]:
+def _check_hop(wire, local, fmt) -> tuple[jax.Array, jax.Array, int, int]:
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
+    wire, local = array(wire, "wire"), array(local, "local", floating=True)
     if local.ndim != 2 or wire.ndim != 2 or wire.shape[0] != local.shape[0]:
         raise ValueError(f"fused_hop takes wire [rows, bytes] and local [rows, m], got "
                          f"{list(wire.shape)} and {list(local.shape)}")
@@ -76,7 +79,7 @@ def _check_hop(wire, local, fmt) -> tuple[int, int]:
     if wire.dtype != jnp.uint8 or wire.shape[1] != fmt.nbytes(m):
         raise ValueError(f"wire must be uint8 [rows, {fmt.nbytes(m)}] ({m} values of {fmt}), "
                          f"got {wire.dtype}{list(wire.shape)}")
-    return rows, m
+    return wire, local, rows, m
 
 
 def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int | None = None,
@@ -93,11 +96,13 @@ def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int
     Returns:
         uint8 `[rows, fmt.nbytes(m)]`: the next messages, bitwise `hop_reference`'s.
     """
-    rows, m = _check_hop(wire, local, fmt)
+    wire, local, rows, m = _check_hop(wire, local, fmt)
     if block_rows is None:
         block_rows = 8 if rows % 8 == 0 else rows
+    count(block_rows, "block_rows")
     if rows % block_rows:
         raise ValueError(f"block_rows={block_rows} does not divide rows={rows}")
+    interpret = backend.interpret_params(interpret)
     nbytes = wire.shape[1]
     return pl.pallas_call(
         functools.partial(_hop_kernel, fmt, m),
@@ -106,5 +111,5 @@ def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int
         in_specs=[pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),
                   pl.BlockSpec((block_rows, m), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),
-        interpret=backend.interpret_params(interpret),
+        interpret=interpret,
     )(wire, local)

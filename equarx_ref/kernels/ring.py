@@ -86,6 +86,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from .._checks import array, count
 from ..formats import Format
 from ..schedule import RING_FAMILY, layout, make_schedule
 from . import backend
@@ -196,6 +197,7 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
     if algorithm not in RING_FAMILY:
         raise ValueError(f"the Pallas kernel runs algorithm 'ring' or 'bidir_ring', got "
                          f"{algorithm!r} (use impl='xla' for the others)")
+    count(p, "p (devices)")
     sched = make_schedule(algorithm, (p,))
     codec = wire_codec(fmt, dtype)
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
@@ -383,13 +385,19 @@ def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format
     """
     if sabotage is not None and sabotage not in SABOTAGES:
         raise ValueError(f"sabotage must be None or one of {SABOTAGES}, got {sabotage!r}")
-    if not isinstance(axis_name, str):
-        raise ValueError(f"the Pallas kernel runs over one mesh axis, got {axis_name!r} "
-                         "(a 2D torus runs with impl='xla')")
-    plan_ring(x.size, lax.axis_size(axis_name), fmt=fmt, algorithm=algorithm,
+    if not isinstance(axis_name, str) or not axis_name:
+        raise ValueError(f"axis_name must name one mesh axis (the Pallas kernel's ring), got "
+                         f"{axis_name!r} (a 2D torus runs with impl='xla')")
+    x = array(x, "x", floating=True)
+    try:
+        p = lax.axis_size(axis_name)
+    except NameError:
+        raise ValueError(f"axis_name {axis_name!r} is not a mesh axis here (call "
+                         "ring_all_reduce inside shard_map over it)") from None
+    interpret = backend.interpret_params(interpret)
+    plan_ring(x.size, p, fmt=fmt, algorithm=algorithm,
               num_chunks=num_chunks, dtype=x.dtype)  # checks the arguments
-    return _ring(x, axis_name, fmt, algorithm, num_chunks, backend.interpret_params(interpret),
-                 sabotage)
+    return _ring(x, axis_name, fmt, algorithm, num_chunks, interpret, sabotage)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))

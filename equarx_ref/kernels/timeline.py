@@ -17,6 +17,9 @@ no Pallas here.
 
 from __future__ import annotations
 
+from .._checks import count, number
+from .ring import RingPlan
+
 __all__ = ["kernel_timeline"]
 
 
@@ -34,6 +37,13 @@ def kernel_timeline(plan, *, device: int = 0, lane: int = 0, compute: float = 1.
     is read, or for a send slot until its DMA is done). Labels: the hop (compute, link) or
     "hop.piece" of the message held (slots).
     """
+    if not isinstance(plan, RingPlan):
+        raise TypeError(f"plan must be a kernels.RingPlan (from plan_ring), got "
+                        f"{type(plan).__name__}")
+    device = count(device, "device", minimum=0, maximum=plan.p - 1)
+    lane = count(lane, "lane", minimum=0, maximum=len(plan.lanes) - 1)
+    compute, link, fetch = (number(v, w, positive=False) for v, w in
+                            [(compute, "compute"), (link, "link"), (fetch, "fetch")])
     rows = plan.program(device, lane)
     k, slots = plan.k, plan.slots
     share = [size / plan.length for _, size in plan.pieces]

@@ -27,11 +27,12 @@ The state is a plain dict of numpy arrays (a pytree), saved as `.npz`:
 
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
 
 import numpy as np
 
-from .._checks import count
+from .._checks import count, number
 
 __all__ = [
     "check_calibration",
@@ -55,6 +56,7 @@ def default_outliers(features: int) -> int:
 def init_calibration(sites: int, devices: int, features: int, *, momentum: float = 0.9) -> dict:
     """An empty calibration state (no batch seen) for `sites` x `devices` x `features`."""
     sites, p, e = count(sites, "sites"), count(devices, "devices"), count(features, "features")
+    momentum = number(momentum, "momentum", positive=False)
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
     shape = (sites, p, p, e)
@@ -66,6 +68,9 @@ def init_calibration(sites: int, devices: int, features: int, *, momentum: float
 def window_sums(parts: np.ndarray) -> np.ndarray:
     """[p, ...] per-device partial sums -> [p, p, ...]: [length - 1, start] the sum of devices
     start, start + 1, ..., start + length - 1 (mod p), added in that order (as a ring does)."""
+    parts = _parts(parts)
+    if parts.ndim == 0:
+        raise ValueError(f"parts must be [devices, ...] partial sums, got a scalar {parts!r}")
     p = parts.shape[0]
     out = np.empty((p, p, *parts.shape[1:]), np.float32)
     for start in range(p):
@@ -77,11 +82,24 @@ def window_sums(parts: np.ndarray) -> np.ndarray:
     return out
 
 
+def _parts(parts) -> np.ndarray:
+    """`parts` as a real (int or float, not bool) NumPy array, else a TypeError naming it."""
+    try:
+        out = np.asarray(parts)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or out.dtype == bool or not np.issubdtype(out.dtype, np.number) or \
+            np.issubdtype(out.dtype, np.complexfloating):
+        raise TypeError(f"parts must be an array of real numbers, got {type(parts).__name__}"
+                        + (f" of dtype {out.dtype}" if out is not None else ""))
+    return out
+
+
 def update_calibration(state: dict, parts) -> dict:
     """The state after one more batch: `parts` `[p, sites, tokens, E]`, each device's partial
     sum at each site (what `gemma.calibrate.capture` records). Returns a new dict."""
     check_calibration(state)
-    parts = np.asarray(parts, np.float32)
+    parts = _parts(parts).astype(np.float32)
     sites, p, _, e = state["lo"].shape
     if parts.ndim != 4 or parts.shape[0] != p or parts.shape[1] != sites or \
             parts.shape[3] != e or parts.shape[2] == 0:
@@ -108,10 +126,13 @@ def check_calibration(state, *, sites: int | None = None, features: int | None =
     else a ValueError saying what differs."""
     if not isinstance(state, dict) or set(state) != set(_KEYS):
         got = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"a calibration state is a dict with keys {list(_KEYS)}, got {got}")
+        raise ValueError(f"state must be a calibration state, a dict with keys {list(_KEYS)}, "
+                         f"got {got}")
+    sites, features, devices = (None if v is None else count(v, what) for v, what in
+                                [(sites, "sites"), (features, "features"), (devices, "devices")])
     lo, hi = np.asarray(state["lo"]), np.asarray(state["hi"])
     if lo.ndim != 4 or lo.shape != hi.shape or lo.shape[1] != lo.shape[2]:
-        raise ValueError(f"calibration lo/hi must both be [sites, p, p, features], got "
+        raise ValueError(f"state's lo/hi must both be [sites, p, p, features], got "
                          f"{list(lo.shape)} and {list(hi.shape)}")
     have = dict(zip(("sites", "devices", "features"), (lo.shape[0], lo.shape[1], lo.shape[3]),
                     strict=True))
@@ -123,26 +144,40 @@ def check_calibration(state, *, sites: int | None = None, features: int | None =
                          f"{', '.join(wrong)}; calibrate on this model and device count")
     if int(state["batches"]) > 0 and not (np.isfinite(lo).all() and np.isfinite(hi).all()
                                           and (lo <= hi).all()):
-        raise ValueError("calibration ranges must be finite with lo <= hi")
+        raise ValueError("state's calibration ranges must be finite with lo <= hi")
     return state
 
 
 def save_calibration(path, state: dict) -> None:
     """Write `state` to `path` as an uncompressed `.npz` (numpy appends the suffix if missing)."""
     check_calibration(state)
+    path = _path(path)
     if int(state["batches"]) == 0:
         raise ValueError("this calibration has seen no batch: nothing to save")
-    np.savez(path, **{k: np.asarray(v) for k, v in state.items()})
+    try:
+        np.savez(path, **{k: np.asarray(v) for k, v in state.items()})
+    except OSError as e:
+        raise ValueError(f"cannot write a calibration to path {str(path)!r}: "
+                         f"{e.strerror or e}") from None
+
+
+def _path(path) -> Path:
+    if not isinstance(path, (str, PathLike)) or not str(path):
+        raise TypeError(f"path must be a file name (str or os.PathLike), got {path!r}")
+    return Path(path)
 
 
 def load_calibration(path, *, sites: int | None = None, features: int | None = None,
                      devices: int | None = None) -> dict:
     """Read a state `save_calibration` wrote, checked against the sizes given (ValueError)."""
+    path = _path(path)
     try:
-        with np.load(Path(path), allow_pickle=False) as f:
+        with np.load(path, allow_pickle=False) as f:
             state = {k: f[k] for k in f.files}
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read a calibration from {str(path)!r}: {e}") from None
+        message = " ".join(str(getattr(e, "strerror", None) or e).split())
+        raise ValueError(f"cannot read a calibration from path {str(path)!r}: {message}") \
+            from None
     return check_calibration(state, sites=sites, features=features, devices=devices)
 
 
@@ -151,6 +186,6 @@ def select_outliers(state: dict, k: int) -> np.ndarray:
     summed over the devices, `sum_d (hi - lo)` (ties: the lower feature index)."""
     check_calibration(state)
     spread = (state["hi"][:, 0] - state["lo"][:, 0]).astype(np.float64).sum(axis=1)  # [S, E]
-    k = count(k, "outliers", minimum=0, maximum=spread.shape[1])
+    k = count(k, "k (outliers)", minimum=0, maximum=spread.shape[1])
     top = np.argsort(-spread, axis=1, kind="stable")[:, :k]
     return np.sort(top, axis=1).astype(np.int32)

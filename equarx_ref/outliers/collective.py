@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._checks import array, count
 from ..collectives import invariant
 from ..schedule import ring_schedule
 from .wire import StaticFormat, Tables, check_algorithm
@@ -119,11 +120,15 @@ def static_all_reduce(x: jax.Array, axis_name: str, fmt: StaticFormat, *, site=N
     if not isinstance(fmt, StaticFormat):
         raise TypeError(f"fmt must be a StaticFormat, got {type(fmt).__name__}")
     check_algorithm(algorithm)
-    if not isinstance(axis_name, str):
-        raise ValueError(f"static int4 runs over one mesh axis, got {axis_name!r}")
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise TypeError(f"static_all_reduce needs a floating-point array, got {x.dtype}")
-    p = lax.axis_size(axis_name)
+    if not isinstance(axis_name, str) or not axis_name:
+        raise ValueError(f"axis_name must name one mesh axis (static int4 runs over one), got "
+                         f"{axis_name!r}")
+    x = array(x, "x", floating=True)
+    try:
+        p = lax.axis_size(axis_name)
+    except NameError:
+        raise ValueError(f"axis_name {axis_name!r} is not a mesh axis here (call "
+                         "static_all_reduce inside shard_map over it)") from None
     if p != fmt.devices:
         raise ValueError(f"this static format was calibrated on {fmt.devices} devices; axis "
                          f"{axis_name!r} has {p}")
@@ -134,8 +139,11 @@ def static_all_reduce(x: jax.Array, axis_name: str, fmt: StaticFormat, *, site=N
         if fmt.sites != 1:
             raise ValueError(f"this format holds {fmt.sites} AllReduce sites: say which (site=)")
         site = 0
-    if isinstance(site, (int, np.integer)) and not 0 <= site < fmt.sites:
-        raise ValueError(f"site must lie in [0, {fmt.sites}), got {site}")
+    if isinstance(site, (int, np.integer)) and not isinstance(site, bool):
+        count(site, "site", minimum=0, maximum=fmt.sites - 1)
+    elif not (isinstance(site, jax.Array) and site.shape == ()
+              and jnp.issubdtype(site.dtype, jnp.integer)):
+        raise TypeError(f"site must be an int or an integer scalar array, got {site!r}")
     if x.size == 0 or p == 1:        # nothing to send, so nothing to quantize
         return invariant(x, (axis_name,))
     return _run(x, jnp.asarray(site, jnp.int32), axis_name, fmt, algorithm)

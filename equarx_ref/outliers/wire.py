@@ -143,6 +143,8 @@ def static_wire_bytes(tokens: int, p: int, fmt: StaticFormat, algorithm: str = "
     `ceil(tokens / p)` rows, then an all-gather of the owners' chunks: `2 (p - 1) ceil(T / p)
     row_bytes`."""
     tokens, p = count(tokens, "tokens", minimum=0), count(p, "p")
+    if not isinstance(fmt, StaticFormat):
+        raise TypeError(f"fmt must be a StaticFormat, got {type(fmt).__name__}")
     check_algorithm(algorithm)
     if algorithm == "one_shot":
         return (p - 1) * tokens * fmt.row_bytes
@@ -151,7 +153,7 @@ def static_wire_bytes(tokens: int, p: int, fmt: StaticFormat, algorithm: str = "
 
 def check_algorithm(algorithm: str) -> None:
     """A ValueError unless `algorithm` is one a static payload can travel by (`ALGORITHMS`)."""
-    if algorithm not in ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r} for static int4; choose one of "
                          f"{list(ALGORITHMS)}")
 
