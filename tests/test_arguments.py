@@ -17,14 +17,21 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from matplotlib.figure import Figure
 
 import equarx_ref as eq
 import equarx_ref.kernels as kernels
 import equarx_ref.outliers as outliers
+import equarx_ref.viz as viz
 from conftest import DEVICES
+from equarx_ref.models import cost
+from equarx_ref.runs.demo import Row
+
+matplotlib.use("Agg")
 
 INT8 = eq.Format.int8()
 X = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
@@ -190,13 +197,36 @@ CALLS.update({
     "outliers.window_sums": (outliers.window_sums, outliers.window_sums, {"parts": PARTS}),
 })
 
+DEMO_ROWS = [Row("ring", "int8", 8.25, 100, 100, 2.0, 1e-3, 1e-2, 1e-3, 1e-3, 1.5),
+             Row("ring", "bf16", 16, 200, 200, 1.0, 1e-6, 1e-5, 1e-6, 1e-3, 1.0)]
+SPEEDUP = {"rows": [{"message_bytes": 1 << 20, "int8_speedup": 1.6, "int4_speedup": 2.4}],
+           "chip": "v5e", "devices": 4, "algorithm": "ring"}
+MEASURED = [{"algorithm": "ring", "format": "int8", "seconds": 1e-3, "predicted_seconds": 9e-4}]
+SWEEP = {"points": [{"p": 4, "data": "gaussian", "format": "int8", "algorithm": "ring",
+                     "remedy": "none", "bytes_per_value": 1.1, "rel_error": 0.01,
+                     "pareto": True}]}
+SITES = [{"label": "site 0", "range": [1.0, 2.0, 8.0], "outliers": [2]}]
+CALLS.update({
+    "viz.plot_bytes_error": (viz.plot_bytes_error, viz.plot_bytes_error, {"rows": DEMO_ROWS}),
+    "viz.plot_cpu_time": (viz.plot_cpu_time, viz.plot_cpu_time, {"rows": DEMO_ROWS}),
+    "viz.plot_comparison": (viz.plot_comparison, viz.plot_comparison, {"rows": DEMO_ROWS}),
+    "viz.plot_speedup": (viz.plot_speedup, viz.plot_speedup, {"report": SPEEDUP}),
+    "viz.plot_measured": (viz.plot_measured, viz.plot_measured, {"rows": MEASURED}),
+    "viz.plot_sweep": (viz.plot_sweep, viz.plot_sweep, {"result": SWEEP}),
+    "viz.plot_feature_ranges": (viz.plot_feature_ranges, viz.plot_feature_ranges,
+                                {"sites": SITES}),
+    "viz.draw_timeline": (viz.draw_timeline, viz.draw_timeline,
+                          {"events": cost.timeline(3, 4, 0.1, 0.25)}),
+    "viz.draw_kernel_timeline": (viz.draw_kernel_timeline, viz.draw_kernel_timeline,
+                                 {"plan": PLAN}),
+    "viz.draw_schedule": (viz.draw_schedule, viz.draw_schedule,
+                          {"schedule": eq.ring_schedule(4)}),
+    "viz.draw_torus": (viz.draw_torus, viz.draw_torus, {"shape": (2, 4)}),
+})
+
 #: Public callables of the lazy subpackages not covered yet, and why (the coverage test fails
 #: for a new callable in neither CALLS nor here).
 SKIPPED_SUBPACKAGE_CALLABLES = {
-    # viz: not yet tabled
-    "viz.draw_kernel_timeline", "viz.draw_schedule", "viz.draw_timeline", "viz.draw_torus",
-    "viz.plot_bytes_error", "viz.plot_comparison", "viz.plot_cpu_time",
-    "viz.plot_feature_ranges", "viz.plot_measured", "viz.plot_speedup", "viz.plot_sweep",
     # gemma: not yet tabled
     "gemma.Gemma3Config", "gemma.ShardedParams", "gemma.Tokenizer", "gemma.forward",
     "gemma.load_gguf", "gemma.shard_params", "gemma.Gemma3Config.preset",
@@ -310,6 +340,23 @@ ARGUMENTS = {
     ("outliers.update_calibration", "state"): "calibration state",
     ("outliers.update_calibration", "parts"): "calibration parts",
     ("outliers.window_sums", "parts"): "partial sums",
+    **{(f"viz.{f}", "rows"): "rows" for f in ["plot_bytes_error", "plot_cpu_time",
+                                              "plot_comparison", "plot_measured"]},
+    **{(f"viz.{f}", "ax"): "axes or None" for f in [
+        "plot_bytes_error", "plot_cpu_time", "plot_speedup", "plot_measured",
+        "plot_feature_ranges", "draw_timeline", "draw_kernel_timeline", "draw_schedule",
+        "draw_torus"]},
+    **{(f"viz.{f}", "title"): "title or None" for f in [
+        "plot_measured", "draw_timeline", "draw_kernel_timeline", "draw_schedule",
+        "draw_torus"]},
+    ("viz.plot_comparison", "path"): "path or None", ("viz.plot_sweep", "path"): "path or None",
+    ("viz.plot_speedup", "report"): "speedup report", ("viz.plot_sweep", "result"):
+        "sweep result",
+    ("viz.plot_feature_ranges", "sites"): "rows", ("viz.draw_timeline", "events"): "rows",
+    ("viz.draw_kernel_timeline", "plan"): "ring plan",
+    ("viz.draw_schedule", "schedule"): "schedule",
+    ("viz.draw_torus", "shape"): "torus shape", ("viz.draw_torus", "wrap"): "wrap",
+    ("viz.draw_torus", "ring_axis"): "torus axis", ("viz.draw_torus", "bidirectional"): "bool",
 }
 
 #: An argument a message may name by what it holds: a format's text is "format ..." there.
@@ -384,6 +431,15 @@ CLASSES = {
     "calibration parts": [None, "abc", PARTS[:2], PARTS[..., :8], PARTS[:, :, :0],
                           PARTS * np.nan, PARTS > 0],
     "partial sums": [None, "abc", np.float32(1.0), np.ones(3, bool)],
+    "rows": [None, 5, [], "rows"],
+    "axes or None": [5, "ax", Figure(), [None]],
+    "title or None": [5, b"title", ["title"]],
+    "path or None": [5, "", b"figure.png"],
+    "speedup report": [None, 5, {}, {**SPEEDUP, "rows": []}, [SPEEDUP]],
+    "sweep result": [None, 5, {}, {"points": []}, SWEEP["points"]],
+    "torus shape": [None, 4, (4,), (2, 2, 2, 2), (0, 4), (2.5, 4), "2x4", (True, 4)],
+    "wrap": [None, 1, "yes", (True,), (True, True, True), (1, 0)],
+    "torus axis": [-1, 2, 1.0, "1", True, None],
 }
 
 
@@ -446,6 +502,7 @@ def test_the_good_call_works(fn):
     """The baseline each bad value is swapped into is itself accepted."""
     call, _, good = CALLS[fn]
     call(**good)
+    matplotlib.pyplot.close("all")
 
 
 @pytest.mark.parametrize(("fn", "arg", "bad"), list(_cases()))

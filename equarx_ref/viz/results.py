@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
 from ..formats import UNQUANTIZED
+from . import checks
 
 __all__ = ["MARKERS", "plot_bytes_error", "plot_comparison", "plot_cpu_time",
            "plot_feature_ranges", "plot_measured", "plot_speedup", "plot_sweep"]
@@ -50,8 +51,7 @@ def plot_bytes_error(rows, ax=None):
     the traffic; y: relative error against the exact sum. Colour: wire format; marker:
     algorithm. Lower left is better.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 3.8))
+    rows, ax = checks.items(rows, "rows"), checks.axes(ax, (6.4, 3.8))
     colors = _colors(r.format for r in rows)
     for r in rows:
         ax.scatter(1 / r.byte_ratio, max(r.rel_error, 1e-8), color=colors[r.format],
@@ -74,8 +74,7 @@ def plot_bytes_error(rows, ax=None):
 
 def plot_cpu_time(rows, ax=None):
     """CPU time of each `runs.demo.Row` over the unquantized bf16 ring's; returns the Axes."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 3.8))
+    rows, ax = checks.items(rows, "rows"), checks.axes(ax, (6.4, 3.8))
     colors = _colors(r.format for r in rows)
     ax.bar(range(len(rows)), [r.time_ratio for r in rows],
            color=[colors[r.format] for r in rows])
@@ -92,6 +91,7 @@ def plot_comparison(rows, path: str | None = None):
 
     Returns the figure; saves it to `path` if given.
     """
+    rows, path = checks.items(rows, "rows"), checks.path(path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=[1.15, 1])
     plot_bytes_error(rows, ax=left)
     plot_cpu_time(rows, ax=right)
@@ -103,8 +103,9 @@ def plot_comparison(rows, path: str | None = None):
 def plot_speedup(report: dict, ax=None):
     """Modelled speedup over the unquantized AllReduce against message size, from the JSON of
     `equarx-ref model` (one line per format). Returns the Axes."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4))
+    checks.mapping(report, "report", ("rows", "chip", "devices", "algorithm"))
+    checks.items(report["rows"], "report['rows']")
+    ax = checks.axes(ax, (6.5, 4))
     sizes = [r["message_bytes"] for r in report["rows"]]
     for i, name in enumerate(("int8", "int4")):
         ax.plot(sizes, [r[f"{name}_speedup"] for r in report["rows"]], marker="o",
@@ -128,8 +129,8 @@ def plot_measured(rows, ax=None, title: str | None = None):
     the model is a black tick on each bar. Colour: wire format (unquantized bf16 grey). Rows of
     several message sizes ("message_bytes") name their size under the bar, on a log y axis.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(rows) + 1.5), 3.8))
+    rows, title = checks.items(rows, "rows"), checks.title(title)
+    ax = checks.axes(ax, (max(6.5, 0.6 * len(rows) + 1.5), 3.8))
     colors = _colors(r["format"] for r in rows)
     sized = len({r.get("message_bytes") for r in rows}) > 1
     for i, r in enumerate(rows):
@@ -169,7 +170,9 @@ def plot_sweep(result: dict, path: str | None = None):
     the point when it lies on the front). Lower left is better. Returns the figure; saves it
     to `path` if given.
     """
-    points = result["points"]
+    points = checks.items(checks.mapping(result, "result", ("points",))["points"],
+                          "result['points']")
+    path = checks.path(path)
     ps = sorted({q["p"] for q in points})
     data = list(dict.fromkeys(q["data"] for q in points))
     fig, axes = plt.subplots(len(data), len(ps), figsize=(3.4 * len(ps) + 2, 3.1 * len(data)),
@@ -218,8 +221,7 @@ def plot_feature_ranges(sites, ax=None):
     features sorted widest first (x, log scale), range over the site's median range (y, log
     scale); marked features are dots on their line. Returns the matplotlib Axes.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
+    sites, ax = checks.items(sites, "sites"), checks.axes(ax, (7, 4))
     for i, site in enumerate(sites):
         spread = [float(v) for v in site["range"]]
         if not spread:

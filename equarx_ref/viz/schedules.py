@@ -21,7 +21,9 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch
 
+from .._checks import count, flag
 from ..schedule import Schedule
+from . import checks
 
 __all__ = ["draw_schedule", "draw_torus"]
 
@@ -37,13 +39,18 @@ def _label(step, transfers) -> str:
 
 def draw_schedule(schedule: Schedule, ax=None, title: str | None = None):
     """Draw who sends which chunk to whom at each step. Returns the matplotlib Axes."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be an equarx_ref.Schedule (make_schedule), got "
+                        f"{type(schedule).__name__}")
+    title = checks.title(title)
+    if ax is not None:
+        checks.axes(ax, (0, 0))
     columns = defaultdict(list)  # (phase order, time) -> steps
     for step in schedule.steps:
         columns[(step.phase != "reduce", step.time)].append(step)
     keys = sorted(columns)
     p = schedule.p
-    if ax is None:
-        _, ax = plt.subplots(figsize=(1.3 * len(keys) + 1.2, 0.45 * p + 1.2))
+    ax = checks.axes(ax, (1.3 * len(keys) + 1.2, 0.45 * p + 1.2))
     cmap = plt.get_cmap("tab20")
     for col, key in enumerate(keys):
         for d in range(p):
@@ -94,17 +101,19 @@ def draw_torus(shape, *, wrap=True, ring_axis: int = 1, bidirectional: bool = Fa
         ring_axis: the axis of the highlighted ring, through chip 0.
         bidirectional: draw the ring's two directions (the bidirectional ring) instead of one.
     """
-    shape = tuple(int(n) for n in shape)
-    if len(shape) not in (2, 3) or min(shape) < 1:
-        raise ValueError(f"draw_torus: a 2D or 3D shape of positive sizes, got {shape}")
-    wraps = (bool(wrap),) * len(shape) if isinstance(wrap, bool) else tuple(map(bool, wrap))
+    if not isinstance(shape, (tuple, list)) or len(shape) not in (2, 3):
+        raise ValueError(f"draw_torus: shape must be 2D or 3D (chips per axis), got {shape!r}")
+    shape = tuple(count(n, "shape (chips per axis)") for n in shape)
+    if isinstance(wrap, (tuple, list)):
+        wraps = tuple(flag(w, "wrap") for w in wrap)
+    else:
+        wraps = (flag(wrap, "wrap"),) * len(shape)
     if len(wraps) != len(shape):
         raise ValueError(f"draw_torus: wrap has {len(wraps)} entries for shape {shape}")
-    if not 0 <= ring_axis < len(shape):
-        raise ValueError(f"draw_torus: ring_axis {ring_axis} is not an axis of {shape}")
-    if ax is None:
-        scale = min(1.1, 8 / max(shape[:2]))
-        _, ax = plt.subplots(figsize=(shape[1] * scale + 2, shape[0] * scale + 2))
+    ring_axis = count(ring_axis, "ring_axis", minimum=0, maximum=len(shape) - 1)
+    bidirectional, title = flag(bidirectional, "bidirectional"), checks.title(title)
+    scale = min(1.1, 8 / max(shape[:2]))
+    ax = checks.axes(ax, (shape[1] * scale + 2, shape[0] * scale + 2))
     coords = list(itertools.product(*map(range, shape)))
     xy = {c: _torus_xy(c, shape) for c in coords}
     many = len(coords) > 24  # then nodes are dots, and only the ring's chips are numbered

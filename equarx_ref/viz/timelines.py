@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from . import checks
+
 __all__ = ["draw_kernel_timeline", "draw_timeline"]
 
 
 def draw_timeline(events, ax=None, title: str | None = None):
     """A Gantt chart of `models.cost.timeline` events: one row for compute, one for the link; each
     bar a piece at a hop, coloured by piece. Returns the Axes."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 1.8))
+    events, title = checks.items(events, "events"), checks.title(title)
+    ax = checks.axes(ax, (9, 1.8))
     rows = {"compute": 1, "link": 0}
     cmap = plt.get_cmap("tab10")
     for resource, hop, piece, start, end in events:
@@ -50,12 +52,14 @@ def draw_kernel_timeline(plan, ax=None, title: str | None = None, **durations):
     # importable without it (whoever has a plan has loaded it already).
     from ..kernels.timeline import kernel_timeline
 
+    title = checks.title(title)
+    if ax is not None:
+        checks.axes(ax, (0, 0))
     events = kernel_timeline(plan, **durations)
     names = ["x → VMEM", "compute", "link", *(f"send slot {i}" for i in range(2)),
              *(f"recv slot {i}" for i in range(plan.slots))]
     y = {name: len(names) - 1 - i for i, name in enumerate(names)}
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1))
+    ax = checks.axes(ax, (10, 0.32 * len(names) + 1))
     cmap = plt.get_cmap("tab10")
     end = max(e[4] for e in events)
     for resource, label, piece, start, stop in events:
