@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .._checks import count
+from .._checks import count, number
 
 __all__ = ["PRESETS", "Gemma3Config", "check_params"]
 
@@ -67,6 +67,11 @@ class Gemma3Config:
     context_length: int = 32768
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"Gemma3Config.name must be a str, got {self.name!r}")
+        for f in ("query_pre_attn_scalar", "local_rope_base", "global_rope_base",
+                  "global_rope_scale", "norm_eps"):
+            object.__setattr__(self, f, number(getattr(self, f), f"Gemma3Config.{f}"))
         for f in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
                   "head_dim", "hidden_dim", "sliding_window", "global_every", "context_length"):
             object.__setattr__(self, f, count(getattr(self, f), f"Gemma3Config.{f}"))
@@ -80,9 +85,10 @@ class Gemma3Config:
     @classmethod
     def preset(cls, name: str) -> Gemma3Config:
         """The published configuration `name` in {"270m", "1b", "4b", "12b", "27b"}."""
-        key = str(name).lower().removeprefix("gemma3-").removeprefix("gemma-3-")
+        key = name.lower().removeprefix("gemma3-").removeprefix("gemma-3-") \
+            if isinstance(name, str) else None
         if key not in PRESETS:
-            raise ValueError(f"unknown Gemma 3 preset {name!r}; known: {sorted(PRESETS)}")
+            raise ValueError(f"unknown Gemma 3 preset name {name!r}; known: {sorted(PRESETS)}")
         return PRESETS[key]
 
     # --- derived quantities --------------------------------------------------------------------

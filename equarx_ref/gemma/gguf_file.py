@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+from os import PathLike
 from pathlib import Path
 
 __all__ = ["GGUFFile", "default_gguf_path", "need", "sha256_file"]
@@ -65,12 +66,15 @@ class GGUFFile:
         self._sha256 = None
         if path is None:
             path, self._sha256 = default_gguf_path(), need(_PACKAGE).EXPECTED_SHA256
+        if not isinstance(path, (str, PathLike)) or not str(path):
+            raise TypeError(f"path must be a GGUF file name (str or os.PathLike) or None, got "
+                            f"{path!r}")
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"no GGUF file at {self.path}")
+            raise FileNotFoundError(f"no GGUF file at path {str(self.path)!r}")
         with open(self.path, "rb") as f:
             if f.read(4) != b"GGUF":
-                raise ValueError(f"{self.path} is not a GGUF file (bad magic)")
+                raise ValueError(f"path {str(self.path)!r} is not a GGUF file (bad magic)")
 
     @property
     def sha256(self) -> str:

@@ -64,6 +64,9 @@ def tp_size_error(config: Gemma3Config, p: int) -> str | None:
 
 
 def _axis(mesh: Mesh) -> str:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (eq.make_mesh) or None, got "
+                        f"{type(mesh).__name__}")
     if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
         raise ValueError(f"forward needs a 1-D mesh (its axis is the tensor-parallel axis), "
                          f"got {mesh!r}")
@@ -99,6 +102,7 @@ def shard_params(params: dict, config: Gemma3Config, mesh: Mesh) -> ShardedParam
 
     Pass the result to `forward` instead of `params` to skip placing the weights on every call.
     """
+    _check_config(config)
     if isinstance(params, ShardedParams):
         if params.mesh != mesh or params.config != config:
             raise ValueError("these ShardedParams were placed for another mesh or config")
@@ -119,9 +123,17 @@ def shard_params(params: dict, config: Gemma3Config, mesh: Mesh) -> ShardedParam
     return ShardedParams(jax.device_put(tree, shardings), mesh, config)
 
 
+def _check_config(config) -> None:
+    if not isinstance(config, Gemma3Config):
+        raise TypeError(f"config must be a gemma.Gemma3Config, got {type(config).__name__}")
+
+
 def _check_tokens(tokens, config: Gemma3Config):
     """Shape, dtype and length always; the id range only for concrete (not traced) tokens."""
     tokens = np.asarray(tokens) if isinstance(tokens, (list, tuple)) else tokens
+    if not hasattr(tokens, "ndim") or not hasattr(tokens, "dtype"):
+        raise TypeError(f"tokens must be an integer array [batch, seq], got "
+                        f"{type(tokens).__name__}")
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -131,7 +143,7 @@ def _check_tokens(tokens, config: Gemma3Config):
                          f"({config.context_length} tokens)")
     if not isinstance(tokens, jax.core.Tracer) and tokens.size and \
             (int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab_size):
-        raise ValueError(f"token ids must lie in [0, {config.vocab_size}), "
+        raise ValueError(f"tokens: token ids must lie in [0, {config.vocab_size}), "
                          f"got [{tokens.min()}, {tokens.max()}]")
     return tokens
 
@@ -244,7 +256,11 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
     position, if only by a zero weight), on one device and under tensor parallelism alike; the
     other sequences of the batch are unaffected.
     """
+    _check_config(config)
     tokens = _check_tokens(tokens, config)
+    if all_reduce is not None and not callable(all_reduce):
+        raise TypeError(f"all_reduce must be a collective (x, axis_name) -> x or None, got "
+                        f"{all_reduce!r}")
     if mesh is None:
         if all_reduce is not None:
             raise ValueError("all_reduce needs a mesh: without one there is nothing to reduce")

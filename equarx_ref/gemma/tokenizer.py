@@ -23,6 +23,7 @@ import json
 import threading
 from pathlib import Path
 
+from .._checks import flag
 from .cache import lookup, store
 from .gguf_file import GGUFFile, need
 
@@ -92,6 +93,7 @@ class Tokenizer:
             ValueError: not a GGUF file, a truncated or corrupt one, or its tokenizer is not
                 Gemma's ("llama"-type vocabulary of a "gemma3" model).
         """
+        cache = flag(cache, "cache")
         file = GGUFFile(path)
         if cache and (entry := lookup("tokenizer", file.sha256)) is not None:
             try:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import flag
 from .cache import lookup, store
 from .config import PRESETS, Gemma3Config, check_params
 from .gguf_file import GGUFFile, need
@@ -173,6 +174,7 @@ def load_gguf(path: str | Path | None = None, *, cache: bool = True,
         ValueError: not a GGUF file, a truncated or corrupt one, not Gemma 3, or tensors with
             unexpected names/shapes.
     """
+    cache, progress = flag(cache, "cache"), flag(progress, "progress")
     file = GGUFFile(path)
     if cache and (entry := lookup("weights", file.sha256)) is not None:
         try:
