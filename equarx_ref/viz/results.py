@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
 from ..formats import UNQUANTIZED
-from . import checks
+from . import _checks as checks
 
 __all__ = ["MARKERS", "plot_bytes_error", "plot_comparison", "plot_cpu_time",
            "plot_feature_ranges", "plot_measured", "plot_speedup", "plot_sweep"]

@@ -23,7 +23,7 @@ from matplotlib.patches import FancyArrowPatch
 
 from .._checks import count, flag
 from ..schedule import Schedule
-from . import checks
+from . import _checks as checks
 
 __all__ = ["draw_schedule", "draw_torus"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from . import checks
+from . import _checks as checks
 
 __all__ = ["draw_kernel_timeline", "draw_timeline"]
 
