@@ -12,7 +12,7 @@ for every token. So measure the ranges once, offline, and send no scales at all:
    (`lo <- m lo + (1 - m) min_batch`, the first batch taken as is; likewise `hi`).
 2. Outliers. At each site the `k = floor(E / 64)` features whose range `sum_d (hi - lo)` is
    largest travel as bfloat16 (10 of Gemma 3 270M's 640). The paper's observation, which the
-   data file `docs/data/outliers.json` shows for Gemma: those features are the same for every
+   data file `equarx_ref/data/outliers.json` shows for Gemma: those features are the same for every
    token, so the choice can be static.
 3. Every other feature travels as a 4-bit code of a static, asymmetric grid spanning its
    calibrated range on the sending device, widened to hold 0, with 0 on the grid (an integer

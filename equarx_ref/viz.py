@@ -22,7 +22,7 @@ buffer, drawn. Modelled, not measured: every device runs the same program, so th
 device awaits leaves its upstream neighbour exactly when its own message of that index leaves.
 
 `plot_sweep` draws the map of `equarx-ref sweep`; `plot_feature_ranges` draws calibrated
-per-feature ranges (`gemma.calibrate.feature_ranges`, stored in docs/data/outliers.json): each
+per-feature ranges (`gemma.calibrate.feature_ranges`, stored in equarx_ref/data/outliers.json): each
 site's features sorted widest first, over the site's median, the ones kept in bf16 marked.
 
 `draw_torus` draws a TPU slice as its ICI network: chips as nodes, numbered as a mesh of that

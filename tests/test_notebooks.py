@@ -140,17 +140,19 @@ def test_install_cell_does_nothing_off_colab(tmp_path):
 
 
 def test_gemma_notebook_prints_the_stored_report_as_it_is():
-    """Notebook 04 prints docs/data/gemma.json (the README's and Results page's report) with
+    """Notebook 04 prints equarx_ref/data/gemma.json (the README's and Results page's report) with
     `format_table`: its stored output must be that file's table, not an older one."""
     from equarx_ref.gemma.report import format_table
 
     cells = json.loads((ROOT / "notebooks" / "04_gemma.ipynb").read_text())["cells"]
     (cell,) = [c for c in cells if c["cell_type"] == "code"
-               and "docs/data/gemma.json" in "".join(c["source"])]
+               and "equarx_ref/data/gemma.json" in "".join(c["source"])]
     shown = "".join("".join(o.get("text", "")) for o in cell["outputs"])
-    report = json.loads((ROOT / "docs" / "data" / "gemma.json").read_text(encoding="utf-8"))
+    from equarx_ref import data
+
+    report = data.load("gemma")
     assert shown.startswith(format_table(report) + "\n"), (
-        "notebooks/04_gemma.ipynb shows another report than docs/data/gemma.json: run "
+        "notebooks/04_gemma.ipynb shows another report than equarx_ref/data/gemma.json: run "
         "python notebooks/nbtool.py run notebooks/04_gemma.md")
 
 
