@@ -81,6 +81,21 @@ def test_no_unfilled_markers_or_raw_placeholders(site):
         assert "<!-- gen:" not in text, f"{html}: an unfilled generator marker"
 
 
+def test_api_pages_read_well(site):
+    """Signatures formatted and wrapped (ruff, line_length); the sidebar lists the page's
+    sections and modules, not every member."""
+    html = _page(site, "api/collectives")
+    links = re.findall(r'<a href="#([^"]+)" class="md-nav__link">', html)
+    assert "equarx_ref.collectives" in links and "equarx_ref.outliers" in links, links
+    members = [a for a in links if a.count(".") > 1]
+    assert not members, f"the API sidebar lists members: {members[:5]}"
+    assert 'id="equarx_ref.collectives.all_reduce"' in html  # the members keep their anchors
+    start = html.index("doc-signature", html.index('id="equarx_ref.collectives.AllReduce"'))
+    signature = re.sub(r"<[^>]+>", "", html[start:html.index("</code>", start)])
+    lines = signature.split("\n")
+    assert len(lines) > 5 and max(map(len, lines)) <= 90, signature
+
+
 def _public_modules() -> set[str]:
     """Every module and subpackage of equarx_ref but the private ones and the CLI."""
     pkg = ROOT / "equarx_ref"

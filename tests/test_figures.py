@@ -32,3 +32,23 @@ def test_plot_measured_stacks_link_and_compute_under_the_model(tmp_path):
     assert ax.get_title() == "4 hosts"
     colours = {r["format"]: bar.get_facecolor() for r, bar in zip(ROWS, bars[::2], strict=True)}
     assert len(set(colours.values())) == 3  # one colour per wire format
+
+
+def test_bytes_error_plot_keeps_ring_and_bidir_ring_apart():
+    """Same bytes, same error: without the dodge bidir_ring's markers would sit under ring's."""
+    import types
+
+    from equarx_ref import viz
+
+    rows = [types.SimpleNamespace(algorithm=a, format=f, byte_ratio=b, rel_error=e)
+            for f, b, e in (("bf16", 1.0, 1e-3), ("int8", 16 / 8.5, 4e-3))
+            for a in ("ring", "bidir_ring")]
+    ax = viz.plot_bytes_error(rows)
+    points = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    assert len(set(points)) == len(rows), points
+    for i in (0, 2):  # each pair: the same error, x within 10%
+        (x1, y1), (x2, y2) = points[i], points[i + 1]
+        assert y1 == y2 and x1 != x2 and abs(x1 / x2 - 1) < 0.1
+    import matplotlib.pyplot as plt
+
+    plt.close(ax.figure)
