@@ -280,7 +280,12 @@ def install_markdown() -> str:
     else:
         where = ("equarx-ref is **not published yet**: there is no release on PyPI, and the\n"
                  "repository named in `pyproject.toml` (which the Colab badges and the site's\n"
-                 "repository link use) is not public. Install it from a copy of the source.")
+                 "repository link use) is not public. Install it from a copy of the source.\n"
+                 "What works until it is public: everything in a clone (the package, the\n"
+                 "command, the notebooks in Jupyter, the tests, the site), and Colab with a\n"
+                 "notebook and a wheel you upload (below). What does not: the Colab badges\n"
+                 "and the site's repository link (they name the future public URL), and\n"
+                 "`pip install equarx-ref`.")
     return f"""{where}
 
 In a clone of the source, an editable install:
