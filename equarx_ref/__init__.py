@@ -9,11 +9,11 @@ module of its own namespace.
 import importlib
 
 from .collectives import ALGORITHMS, AllReduce, all_reduce
-from .cost import CHIPS, Chip, best_num_chunks, predicted_time
 from .devices import describe_devices, make_mesh, setup_devices
 from .formats import FORMAT_NAMES, Format, format_label, parse_format
-from .hlo import hlo_wire_bytes
-from .predict import (
+from .models.cost import CHIPS, Chip, best_num_chunks, predicted_time
+from .models.hlo import hlo_wire_bytes
+from .models.predict import (
     gaussian_relative_error,
     predicted_relative_error,
     quantized_sizes,

@@ -106,12 +106,13 @@ def _add_demo(sub) -> None:
 def _cmd_demo(args) -> int:
     import dataclasses
 
-    from . import benchmark, devices
+    from . import devices
+    from .runs import bench
 
     devs = devices.setup_devices(args.devices)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(f"{devices.describe_devices(devs)}; {args.size} bf16 values per device", file=out)
-    rows = benchmark.compare_collectives(devs, args.size, repeats=args.repeats,
+    rows = bench.compare_collectives(devs, args.size, repeats=args.repeats,
                                          progress=lambda m: print(f"  {m}", file=sys.stderr))
     cells = [[r.algorithm, r.format, f"{r.bits_per_element:g}", f"{r.bytes_sent:,}",
               f"{r.byte_ratio:.2f}x", f"{r.rel_error:.2e}",
@@ -138,8 +139,8 @@ def _cmd_demo(args) -> int:
 
 def _add_bench(sub) -> None:
     from .formats import FORMAT_NAMES, UNQUANTIZED
+    from .models.predict import ALGORITHMS
     from .multihost import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, parse_rate
-    from .predict import ALGORITHMS
 
     fmt_name = _argument(_format_name)
     rate = _argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
@@ -185,10 +186,10 @@ def _cmd_bench(args) -> int:
         return _cmd_bench_hosts(args)
     if args.link or args.plot:
         raise ValueError("--link and --plot go with --hosts")
-    from . import benchmark
     from .formats import Format
+    from .runs import bench
 
-    results = [benchmark.quantizer_throughput(f, mib=mib, repeats=args.repeats or 5)
+    results = [bench.quantizer_throughput(f, mib=mib, repeats=args.repeats or 5)
                for mib in args.mib or [64]
                for f in (Format.int8(), Format.int4(), Format.fp8_e4m3(), Format.mxfp4())]
     out = sys.stderr if args.json == "-" else sys.stdout
@@ -293,8 +294,8 @@ def _cmd_gemma(args) -> int:
 
 
 def _add_model(sub) -> None:
-    from .cost import CHIPS
-    from .predict import ALGORITHMS
+    from .models.cost import CHIPS
+    from .models.predict import ALGORITHMS
 
     p = sub.add_parser("model", help="modelled TPU time: speedup against message size, prefill",
                        description="The time model (equarx_ref/cost.py) on one TPU chip type: "
@@ -314,10 +315,10 @@ def _add_model(sub) -> None:
 
 
 def _cmd_model(args) -> int:
-    from . import cost
     from .formats import Format
     from .gemma.config import PRESETS
-    from .gemma.prefill import prefill_time
+    from .models import cost
+    from .models.prefill import prefill_time
 
     out = sys.stderr if args.json == "-" else sys.stdout
     chip, p, alg = cost.CHIPS[args.chip], args.devices, args.algorithm
@@ -386,11 +387,11 @@ def _add_kernels(sub) -> None:
 
 def _cmd_kernels(args) -> int:
     from . import devices
-    from .kernels import checks
+    from .runs import kernel_checks
 
     out = sys.stderr if args.json == "-" else sys.stdout
     devs = devices.setup_devices(8)
-    report = checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
+    report = kernel_checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
     if not report["tpu"]:
         print(f"no TPU here ({devices.describe_devices(devs)}): the kernels ran in TPU "
               "interpret mode (correctness and races only, no speed)", file=out)
@@ -466,9 +467,9 @@ def _cmd_outliers(args) -> int:
 
 
 def _add_sweep(sub) -> None:
-    from .cost import CHIPS
     from .formats import Format
-    from .sweep import DATA, DEFAULT_ALGORITHMS, DEFAULT_FORMATS, DEFAULT_P, REMEDIES
+    from .models.cost import CHIPS
+    from .runs.sweep import DATA, DEFAULT_ALGORITHMS, DEFAULT_FORMATS, DEFAULT_P, REMEDIES
 
     fmt_name = _argument(lambda text: str(Format.parse(text)))  # quantized formats only
 
@@ -504,7 +505,8 @@ def _add_sweep(sub) -> None:
 def _cmd_sweep(args) -> int:
     import shlex
 
-    from . import devices, sweep
+    from . import devices
+    from .runs import sweep
 
     devs = devices.setup_devices(max(args.p))
     out = sys.stderr if args.json == "-" else sys.stdout

@@ -66,13 +66,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._checks import count
-from .cost import default_min_bytes
 from .formats import Format
-from .hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
-from .predict import ALGORITHMS, check_algorithm, encoded_bytes
+from .models.cost import default_min_bytes
+from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
+from .models.predict import ALGORITHMS, check_algorithm, encoded_bytes
 from .quantize import decode, encode
-from .rotation import inverse_rotate
-from .rotation import rotate as rotate_blocks
+from .remedies.rotation import inverse_rotate
+from .remedies.rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce"]

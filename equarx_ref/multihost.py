@@ -286,7 +286,7 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
         add_seconds, digest (sha256 prefix of the result) and bitwise_equal.
     """
     from .formats import format_label, parse_format
-    from .predict import ALGORITHMS
+    from .models.predict import ALGORITHMS
 
     algorithms_ok = [a for a in ALGORITHMS if a != "psum"]
     hosts = count(hosts, "hosts", minimum=2)
@@ -306,7 +306,7 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
               "uncapped", file=sys.stderr)
         link = rate = None
     if rate:  # refuse what cannot finish in time: the bytes alone at the link rate
-        from .predict import wire_bytes
+        from .models.predict import wire_bytes
 
         need = sum((repeats + 2) * wire_bytes(s // 2, hosts, fmt=parse_format(f), algorithm=a)
                    for s in sizes for a, f in configs) * 8 / rate
@@ -362,8 +362,8 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
 
 def _report(spec: dict, per_host: list[dict], reference: dict | None, link, network) -> dict:
     """Rows from the hosts' timings: the slowest host per repeat, median over repeats."""
-    from .cost import Chip, predicted_time
     from .formats import parse_format
+    from .models.cost import Chip, predicted_time
 
     cal = {k: statistics.median(h["calibration"][k] for h in per_host)
            for k in per_host[0]["calibration"]}
@@ -429,7 +429,7 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
 
     from .collectives import all_reduce
     from .formats import parse_format
-    from .predict import encoded_bytes
+    from .models.predict import encoded_bytes
     from .schedule import layout, make_schedule
 
     fmt, p = parse_format(fmt_name), mesh.shape["h"]
@@ -486,8 +486,8 @@ def _worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from jax.sharding import PartitionSpec as P
 
     from .formats import UNQUANTIZED, parse_format
-    from .hlo import hlo_wire_bytes
-    from .predict import wire_bytes
+    from .models.hlo import hlo_wire_bytes
+    from .models.predict import wire_bytes
     from .quantize import decode, encode
 
     p = spec["hosts"]

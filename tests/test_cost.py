@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 import equarx_ref as eq
-from equarx_ref import cost
+from equarx_ref.models import cost
 
 INT8, INT4 = eq.Format.int8(), eq.Format.int4()
 
@@ -108,7 +108,7 @@ def test_gemma_prefill_model():
     """Matmul FLOPs ~ 2 x parameters x tokens; int8 speeds the prefill up by less than the
     AllReduce share allows; at TP=8 on v5e the model lands near the paper's 1.1x-1.25x."""
     from equarx_ref.gemma.config import PRESETS
-    from equarx_ref.gemma.prefill import _flops, prefill_time
+    from equarx_ref.models.prefill import _flops, prefill_time
 
     cfg = PRESETS["27b"]
     assert 2 * cfg.num_params() * 2048 < _flops(cfg, 2048) < 2.6 * cfg.num_params() * 2048

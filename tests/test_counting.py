@@ -7,7 +7,7 @@ import time
 import pytest
 
 import equarx_ref as eq
-from equarx_ref import predict
+from equarx_ref.models import predict
 from equarx_ref.schedule import make_schedule
 
 SHAPES = [(p,) for p in range(2, 14)]

@@ -113,7 +113,7 @@ def test_api_pages_document_every_public_module_once():
     assert len(documented) == len(set(documented)), f"documented twice: {documented}"
     missing = _public_modules() - set(documented)
     assert not missing, f"modules on no page of docs/api/: {sorted(missing)}"
-    assert {"equarx_ref.predict", "equarx_ref.hlo"} <= set(documented)
+    assert {"equarx_ref.models.predict", "equarx_ref.models.hlo"} <= set(documented)
     unknown = set(documented) - _public_modules()
     assert not unknown, f"docs/api/ documents what is not a public module: {sorted(unknown)}"
 
@@ -525,7 +525,7 @@ def test_install_instructions_say_what_the_install_cell_does(site):
 def test_readme_says_what_the_demo_runs():
     """The README's line about `equarx-ref demo` names exactly the formats the demo runs."""
     import equarx_ref as eq
-    from equarx_ref.benchmark import DEMO_FORMATS
+    from equarx_ref.runs.bench import DEMO_FORMATS
 
     line = README.read_text(encoding="utf-8").split("`equarx-ref demo`:", 1)[1].split("\n  -")[0]
     named = {f for f in eq.FORMAT_NAMES if f"`{f}`" in line}

@@ -14,6 +14,7 @@ import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli, kernels
 from equarx_ref.quantize import decode, encode
+from equarx_ref.runs import kernel_checks
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
 decode = jax.jit(decode, static_argnums=(1, 2))
@@ -132,7 +133,7 @@ def test_broken_kernel_is_caught_by_the_race_detector():
     p = 4 are allowed; on jax 0.10 every run reports several."""
     results = []
     for _ in range(3):
-        results.append(kernels.check(4, fmt=eq.Format.int8(), n=256, num_chunks=2,
+        results.append(kernel_checks.check(4, fmt=eq.Format.int8(), n=256, num_chunks=2,
                                      sabotage="capacity"))
         if results[-1].races > 0:
             break
@@ -184,11 +185,11 @@ def test_unsupported_combinations_are_refused():
 
 def test_measure_hop_refuses_without_a_tpu():
     with pytest.raises(RuntimeError, match="no TPU figure"):
-        kernels.measure_hop()
+        kernel_checks.measure_hop()
 
 
 def test_cli_kernels(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(kernels.checks, "CHECKS", ((2, "ring", "int8", 1, None),
+    monkeypatch.setattr(kernel_checks, "CHECKS", ((2, "ring", "int8", 1, None),
                                                    (2, "ring", "int8", 2, "capacity")))
     out = tmp_path / "kernels.json"
     assert cli.main(["kernels", "--json", str(out)]) == 0
@@ -219,7 +220,7 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else real()[:1])
     assert kernels.on_tpu() and len(jax.devices()) == 1
-    result = kernels.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
+    result = kernel_checks.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
     assert result.bitwise and result.races == 0, result
     x = np.array(jax.random.normal(jax.random.key(5), (2, 64)))
     got, want, log = _both(x, fmt=eq.Format.int8(), algorithm="ring", num_chunks=1)

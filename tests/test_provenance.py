@@ -66,7 +66,7 @@ def _digest(name="sweep"):
 def test_digest_ignores_moves_docs_and_imports_but_not_code(package_copy):
     src = package_copy
     before, mods = _digest(), provenance.modules("sweep")
-    assert "equarx_ref.formats" in mods and "equarx_ref.sweep" in mods
+    assert "equarx_ref.formats" in mods and "equarx_ref.runs.sweep" in mods
     formats = src / "formats.py"
     text = formats.read_text(encoding="utf-8")
     # a docstring and a comment edited, an import added: same code

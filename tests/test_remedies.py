@@ -14,8 +14,9 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
-from equarx_ref import hops, rotation
+from equarx_ref.models import hops
 from equarx_ref.quantize import decode, encode
+from equarx_ref.remedies import rotation
 
 F = eq.Format.parse
 INT8, INT4 = eq.Format.int8(), eq.Format.int4()
@@ -194,7 +195,7 @@ def test_rotated_all_reduce_is_the_reference_on_rotated_data(algorithm, fmt, p):
 
 
 def test_rotation_flattens_outliers_and_keeps_the_bytes():
-    from equarx_ref.sweep import make_data
+    from equarx_ref.runs.sweep import make_data
 
     x = make_data("outliers", 8, 8192)
     plain = rel_error(run(x, fmt=INT8, algorithm="ring"), x)

@@ -6,7 +6,8 @@ import matplotlib
 import pytest
 
 import equarx_ref as eq
-from equarx_ref import cli, sweep
+from equarx_ref import cli
+from equarx_ref.runs import sweep
 
 matplotlib.use("Agg")
 

@@ -43,7 +43,8 @@ def sweep_setting(result: dict) -> str:
     return (f"{result['devices']}; {result['size']:,} f32 values per device; "
             f"{len(result['points'])} points. Data: `gaussian`, i.i.d. N(0, 1); `outliers`, the "
             "same with 1/64 of the features of a 640-wide hidden vector 20 times wider on every "
-            "device (`equarx_ref.sweep.make_data`). Speedup: modelled by the time model on one "
+            "device (`equarx_ref.runs.sweep.make_data`). Speedup: modelled by the time model on "
+            "one "
             f"{result['chip']} chip for a {result['message_bytes'] >> 20} MiB bf16 message, "
             "against the unquantized bidirectional ring (`cost.predicted_time`), not measured. "
             f"Device counts: {', '.join(map(str, ps))}.")

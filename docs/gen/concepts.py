@@ -94,7 +94,7 @@ def time_model_table(p: int = 8, algorithm: str = "bidir_ring", overhead: float 
     """Per TPU chip: the modelled int8 and int4 speedups at a few sizes, and the crossover."""
     import dataclasses
 
-    from equarx_ref import cost
+    from equarx_ref.models import cost
 
     fmts = {"int8": eq.parse_format("int8"), "int4": eq.parse_format("int4")}
     sizes = {"1 MiB": 1 << 20, "64 MiB": 1 << 26, "1 GiB": 1 << 30}

@@ -27,7 +27,7 @@ def _time(seconds: float) -> str:
 
 def setting(report: dict) -> str:
     """Chip, ring, where its figures come from: one sentence."""
-    from equarx_ref.cost import CHIPS
+    from equarx_ref.models.cost import CHIPS
 
     chip = CHIPS[report["chip"]]
     return (f"{chip.name}, {report['devices']} chips in a ring ({report['algorithm']}), "
@@ -80,7 +80,7 @@ def results() -> Section:
         "*Drawn by `eq.viz.plot_speedup` (what `equarx-ref model --plot` saves).*", "",
         prefill_table(report), "",
         "*Matmul FLOPs at 50% of the chip's peak plus two AllReduces per layer of 2048 x D "
-        "values (`equarx_ref.gemma.prefill`); what the model leaves out (overlap, the paper's "
+        "values (`equarx_ref.models.prefill`); what the model leaves out (overlap, the paper's "
         "slice, TP and batch, fixed costs) is discussed in "
         "[notebook 05](notebooks/05_cost_and_pipelining.ipynb).*", ""]),
         {path: png(ax.figure)})

@@ -32,12 +32,12 @@ DATA = SRC / "data"
 
 #: The modules a command's work lives in, per stored result (the closure adds what they import).
 PRODUCERS: dict[str, tuple[str, ...]] = {
-    "demo": ("equarx_ref.benchmark",),
-    "bench": ("equarx_ref.benchmark",),
+    "demo": ("equarx_ref.runs.bench",),
+    "bench": ("equarx_ref.runs.bench",),
     "gemma": ("equarx_ref.gemma.quality", "equarx_ref.gemma.report"),
-    "model-v5e": ("equarx_ref.cost", "equarx_ref.gemma.prefill"),
+    "model-v5e": ("equarx_ref.models.cost", "equarx_ref.models.prefill"),
     "outliers": ("equarx_ref.outliers", "equarx_ref.gemma.calibrate", "equarx_ref.gemma.report"),
-    "sweep": ("equarx_ref.sweep",),
+    "sweep": ("equarx_ref.runs.sweep",),
     "multihost-100mbit": ("equarx_ref.multihost",),
     "multihost-1gbit": ("equarx_ref.multihost",),
     "multihost-loopback": ("equarx_ref.multihost",),

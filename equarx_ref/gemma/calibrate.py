@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec as P
 
 from .._checks import count
 from ..formats import Format
-from ..hlo import hlo_wire_bytes
+from ..models.hlo import hlo_wire_bytes
+from ..models.predict import wire_bytes
 from ..outliers import (
     StaticAllReduce,
     check_calibration,
@@ -38,7 +39,6 @@ from ..outliers import (
     static_wire_bytes,
     update_calibration,
 )
-from ..predict import wire_bytes
 from .model import SITES_PER_LAYER
 from .parallel import forward_with_partials, shard_params
 

@@ -49,10 +49,10 @@ import math
 
 import jax.numpy as jnp
 
-from ._checks import count
-from .formats import Format
+from .._checks import count
+from ..formats import Format
+from ..schedule import layout
 from .predict import check_algorithm, device_shape, encoded_bytes
-from .schedule import layout
 
 __all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases",
            "predicted_time", "timeline"]

@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .collectives import AllReduce
-from .formats import Format, format_label
-from .hops import hop_plan, plan_bits_per_element
-from .predict import predicted_relative_error, wire_bytes
+from ..collectives import AllReduce
+from ..formats import Format, format_label
+from ..models.hops import hop_plan, plan_bits_per_element
+from ..models.predict import predicted_relative_error, wire_bytes
 
 __all__ = ["DATA", "DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_P", "REMEDIES", "Point",
            "make_data", "pareto", "sweep"]
@@ -99,7 +99,7 @@ def _applies(algorithm: str, fmt: Format, remedy: str) -> bool:
 
 @functools.cache
 def _program(p: int, config: AllReduce, n: int):
-    from .devices import make_mesh, setup_devices
+    from ..devices import make_mesh, setup_devices
 
     mesh = make_mesh(setup_devices(p)[:p], ("tp",), (p,))
     body = lambda v: config(v[0], "tp")  # noqa: E731
@@ -107,7 +107,7 @@ def _program(p: int, config: AllReduce, n: int):
 
 
 def _modelled_time(n, p, fmt, algorithm, chip):
-    from .cost import predicted_time
+    from ..models.cost import predicted_time
 
     return predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
 

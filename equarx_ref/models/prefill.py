@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..cost import _chip, best_num_chunks, predicted_time
 from ..formats import Format
-from .config import Gemma3Config
+from .cost import _chip, best_num_chunks, predicted_time
 
 __all__ = ["PrefillTime", "prefill_time"]
 
@@ -42,7 +41,7 @@ class PrefillTime:
         return self.compute_s + self.allreduce_s
 
 
-def _flops(config: Gemma3Config, tokens: int) -> float:
+def _flops(config, tokens: int) -> float:
     """Matmul FLOPs of one prefill of `tokens` tokens (batch 1), all chips together."""
     d, n, k, h, f = (config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim,
                      config.hidden_dim)
@@ -54,7 +53,7 @@ def _flops(config: Gemma3Config, tokens: int) -> float:
     return flops + 2.0 * tokens * d * config.vocab_size  # output projection (tied embedding)
 
 
-def prefill_time(config: Gemma3Config, tokens: int, tp: int, *, chip, fmt: Format | None,
+def prefill_time(config, tokens: int, tp: int, *, chip, fmt: Format | None,
                  algorithm: str = "bidir_ring", efficiency: float = 0.5) -> PrefillTime:
     """Modelled prefill of `tokens` tokens at tensor parallelism `tp` (module essay)."""
     if not 0 < efficiency <= 1:

@@ -35,9 +35,9 @@ import dataclasses
 import functools
 import math
 
-from ._checks import count
-from .formats import Format
-from .schedule import Schedule, make_schedule
+from .._checks import count
+from ..formats import Format
+from ..schedule import Schedule, make_schedule
 
 __all__ = ["HOP_BITS", "MAX_DEVICES", "HopPlan", "check_hop_bits", "hop_plan", "step_weights"]
 

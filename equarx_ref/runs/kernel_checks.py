@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..formats import Format, format_label
+from ..kernels import backend
+from ..kernels.hop import fused_hop, hop_reference, lowering_error
 from ..quantize import encode
-from . import backend
-from .hop import fused_hop, hop_reference, lowering_error
 
 __all__ = ["HopTiming", "KernelCheck", "check", "measure_hop", "report"]
 
@@ -84,7 +84,7 @@ def check(p: int = 4, *, fmt: Format | None = Format.int8(), algorithm: str = "r
     `x` ([p, n], one row per device) overrides the default inputs: N(0, 1) with a zero block.
     """
     from ..collectives import all_reduce
-    from .ring import ring_all_reduce
+    from ..kernels.ring import ring_all_reduce
 
     x = _inputs(p, n, seed) if x is None else np.asarray(x)
     p, n = x.shape
@@ -163,7 +163,7 @@ def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,
     if not backend.on_tpu():
         raise RuntimeError("measure_hop times a TPU chip; this machine has none (backend "
                            f"{jax.default_backend()!r}): no TPU figure is made up here")
-    from ..cost import _DEVICE_KINDS, CHIPS
+    from ..models.cost import _DEVICE_KINDS, CHIPS
 
     kind = jax.devices()[0].device_kind
     k1, k2 = jax.random.split(jax.random.key(0))

@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import count
-from .formats import Format
-from .quantize import dequantize, quantize
-from .schedule import Schedule, layout, make_schedule
+from .._checks import count
+from ..formats import Format
+from ..quantize import dequantize, quantize
+from ..schedule import Schedule, layout, make_schedule
 
 __all__ = [
     "ALGORITHMS",

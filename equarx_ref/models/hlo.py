@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 
-from ._checks import count
+from .._checks import count
 
 __all__ = ["hlo_wire_bytes"]
 
