@@ -183,8 +183,10 @@ def _exercise():
         _cell("code", f"answer_1 = None  {nbtool.LEARNER_MARK}"),
         _cell("code", f"{nbtool.SOLUTION_TITLE}\nsolution_1 = 2",
               metadata=nbtool.SOLUTION_METADATA),
-        _cell("code", f"{nbtool.CHECKED}\nprint('reference solution:', solution_1 == 2)\n"
-                      "print('your answer:', 'not yet' if answer_1 is None else answer_1 == 2)",
+        _cell("code", f"{nbtool.CHECKED}\ndef exercise_1(x):\n    return x == 1 + 1\n\n\n"
+                      "print('reference solution:', exercise_1(solution_1))\n"
+                      "print('your answer:', 'not yet' if answer_1 is None else "
+                      "exercise_1(answer_1))",
               outputs=[{"output_type": "stream", "name": "stdout",
                         "text": "reference solution: True\nyour answer: not yet\n"}]),
     ]
