@@ -87,7 +87,8 @@ def test_api_pages_read_well(site):
     html = _page(site, "api/collectives")
     links = re.findall(r'<a href="#([^"]+)" class="md-nav__link">', html)
     assert "equarx_ref.collectives" in links and "equarx_ref.outliers" in links, links
-    members = [a for a in links if a.count(".") > 1]
+    modules = DIRECTIVE.findall((ROOT / "docs" / "api" / "collectives.md").read_text("utf-8"))
+    members = [a for a in links if a.startswith("equarx_ref.") and a not in modules]
     assert not members, f"the API sidebar lists members: {members[:5]}"
     assert 'id="equarx_ref.collectives.all_reduce"' in html  # the members keep their anchors
     start = html.index("doc-signature", html.index('id="equarx_ref.collectives.AllReduce"'))
