@@ -8,19 +8,16 @@ module of its own namespace.
 
 import importlib
 
-from .collectives import ALGORITHMS, AllReduce, all_reduce
+from .collectives import AllReduce, all_reduce
 from .devices import describe_devices, make_mesh, setup_devices
 from .formats import FORMAT_NAMES, Format, format_label, parse_format
 from .models.cost import CHIPS, Chip, best_num_chunks, predicted_time
+from .models.error import gaussian_relative_error, quantized_sizes
 from .models.hlo import hlo_wire_bytes
-from .models.predict import (
-    gaussian_relative_error,
-    predicted_relative_error,
-    quantized_sizes,
-    wire_bytes,
-)
+from .models.predict import predicted_relative_error, wire_bytes
 from .quantize import Quantized, dequantize, quantize
 from .schedule import (
+    ALGORITHMS,
     Schedule,
     Step,
     Transfer,

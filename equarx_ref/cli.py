@@ -139,8 +139,8 @@ def _cmd_demo(args) -> int:
 
 def _add_bench(sub) -> None:
     from .formats import FORMAT_NAMES, UNQUANTIZED
-    from .models.predict import ALGORITHMS
     from .multihost import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, parse_rate
+    from .schedule import ALGORITHMS
 
     fmt_name = _argument(_format_name)
     rate = _argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
@@ -248,9 +248,9 @@ def _cmd_bench_hosts(args) -> int:
 
 
 def _add_gemma(sub) -> None:
-    from .collectives import ALGORITHMS
     from .formats import FORMAT_NAMES, UNQUANTIZED
     from .gemma.quality import DEFAULT_FORMATS
+    from .schedule import ALGORITHMS
 
     fmt_name = _argument(_format_name)
 
@@ -295,7 +295,7 @@ def _cmd_gemma(args) -> int:
 
 def _add_model(sub) -> None:
     from .models.cost import CHIPS
-    from .models.predict import ALGORITHMS
+    from .schedule import ALGORITHMS
 
     p = sub.add_parser("model", help="modelled TPU time: speedup against message size, prefill",
                        description="The time model (equarx_ref/cost.py) on one TPU chip type: "

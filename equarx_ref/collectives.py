@@ -69,45 +69,18 @@ from ._checks import count
 from .formats import Format
 from .models.cost import default_min_bytes
 from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
-from .models.predict import ALGORITHMS, check_algorithm, encoded_bytes
-from .quantize import decode, encode
+from .quantize import Codec
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
-from .schedule import Schedule, layout, make_schedule
+from .schedule import ALGORITHMS, RING_FAMILY, Schedule, check_algorithm, layout, make_schedule
 
-__all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce"]
+__all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
 
 #: How `all_reduce` executes a schedule: shard_map collectives, or one Pallas TPU kernel.
 IMPLS = ("xla", "pallas")
 
 
-# ---- what travels: one uint8 buffer per message ----------------------------------------------
-
-
-class _Codec:
-    """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None."""
-
-    def __init__(self, fmt: Format | None, dtype):
-        self.fmt = fmt
-        self.dtype = jnp.dtype(dtype)
-        self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32 (or f64)
-        self.align = fmt.block_size if fmt is not None else 1
-
-    def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
-        if self.fmt is not None:
-            return encode(v, self.fmt, key=key)
-        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
-        return raw.reshape(*v.shape[:-1], -1)
-
-    def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
-        if self.fmt is not None:
-            return decode(buf, self.fmt, m).astype(self.acc)
-        if self.dtype.itemsize > 1:
-            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
-        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
-
-    def nbytes(self, m: int) -> int:
-        return encoded_bytes(m, self.fmt, self.dtype)
+# ---- what travels: one uint8 buffer per message (`quantize.Codec`) -----------------------
 
 
 class _Wire:
@@ -118,13 +91,13 @@ class _Wire:
 
     def __init__(self, fmt, dtype, plan: HopPlan | None, key, me):
         self.plan, self.key, self.me = plan, key, me
-        self.default = _Codec(fmt, dtype)
+        self.default = Codec(fmt, dtype)
         self.align = plan.align if plan is not None else self.default.align
         self.codecs = {} if plan is None else {
-            t: _Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
+            t: Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
         self.piece = 0
 
-    def codec(self, time: int | None) -> _Codec:
+    def codec(self, time: int | None) -> Codec:
         """The codec of reduce step `time`, or of the gather phase (None)."""
         return self.codecs.get(time, self.default)
 
@@ -165,7 +138,7 @@ class _Held:
     def __init__(self, sched: Schedule, x: jax.Array, acc, me):
         self.p, self.me, self.acc = sched.p, me, acc
         self.sources: list[jax.Array] = [x]  # source 0: the input rows [chunks, m]
-        self.where = [[(0, c) for c in range(sched.num_chunks)] for _ in range(self.p)]
+        self.where = [[(0, c) for c in range(sched.chunk_count)] for _ in range(self.p)]
 
     def rows(self, chunks_of) -> jax.Array:
         """This device's current values of the chunks `chunks_of(d)` names on device d."""
@@ -196,7 +169,7 @@ class _Held:
 def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
     """Run the reduce steps: afterwards each owner holds its chunks' sums."""
     m = held.sources[0].shape[1]
-    everything = lambda d: range(sched.num_chunks)  # noqa: E731
+    everything = lambda d: range(sched.chunk_count)  # noqa: E731
     group = axes if len(axes) > 1 else axes[0]
     for step in (s for s in sched.steps if s.phase == "reduce"):
         codec, key = wire.codec(step.time), wire.rounding(step.time)
@@ -258,7 +231,7 @@ def _axes(axis_name) -> tuple[str, ...]:
     return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
 
 
-def _invariant(x: jax.Array, axes) -> jax.Array:
+def invariant(x: jax.Array, axes) -> jax.Array:
     """x itself, typed as identical on every device (a gather over one device is free)."""
     if x.size == 0:
         return jnp.zeros(x.shape, x.dtype)  # a constant: the same everywhere
@@ -278,9 +251,9 @@ def _check_input(x) -> None:
 def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
-    if impl == "pallas" and (algorithm not in ("ring", "bidir_ring") or len(axes) > 1):
+    if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
-        raise ValueError(f"impl='pallas' runs 'ring' and 'bidir_ring' over one mesh axis, "
+        raise ValueError(f"impl='pallas' runs {RING_FAMILY} over one mesh axis, "
                          f"not {what}; use impl='xla'")
     if impl == "pallas" and remedies:
         raise ValueError("impl='pallas' runs round-to-nearest on one format per hop: key=, "
@@ -333,7 +306,7 @@ def all_reduce(x: jax.Array, axis_name, *, fmt: Format | None = Format.int8(),  
     if algorithm == "psum":
         return lax.psum(x, axis_name)
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
-        return _invariant(x, axes)
+        return invariant(x, axes)
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
                                  device_kind=jax.devices()[0].device_kind) \
@@ -375,13 +348,13 @@ def _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan):
     sched = make_schedule(algorithm, shape)
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
     wire = _Wire(fmt, x.dtype, plan, key, me)
-    length, pieces = layout(n, sched.num_chunks, wire.align, num_chunks)
+    length, pieces = layout(n, sched.chunk_count, wire.align, num_chunks)
     flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
-    if sched.num_chunks * length > n:
-        flat = jnp.pad(flat, (0, sched.num_chunks * length - n))
+    if sched.chunk_count * length > n:
+        flat = jnp.pad(flat, (0, sched.chunk_count * length - n))
     if rotate:  # once, at the input: the schedule then sums rotated blocks
         flat = rotate_blocks(flat, fmt.block_size)
-    chunks = flat.reshape(sched.num_chunks, length)  # [chunks, L]
+    chunks = flat.reshape(sched.chunk_count, length)  # [chunks, L]
     gathers = any(step.phase == "gather" for step in sched.steps)
     parts = []
     for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops

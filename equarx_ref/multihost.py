@@ -286,7 +286,7 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
         add_seconds, digest (sha256 prefix of the result) and bitwise_equal.
     """
     from .formats import format_label, parse_format
-    from .models.predict import ALGORITHMS
+    from .schedule import ALGORITHMS
 
     algorithms_ok = [a for a in ALGORITHMS if a != "psum"]
     hosts = count(hosts, "hosts", minimum=2)
@@ -429,7 +429,7 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
 
     from .collectives import all_reduce
     from .formats import parse_format
-    from .models.predict import encoded_bytes
+    from .quantize import encoded_bytes
     from .schedule import layout, make_schedule
 
     fmt, p = parse_format(fmt_name), mesh.shape["h"]
@@ -438,13 +438,13 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
         mesh=mesh, in_specs=P("h"), out_specs=P()))
     # the messages all_reduce sends, step by step (collectives._reduce/_gather_phase)
     sched = make_schedule(algorithm, (p,))
-    m = layout(n, sched.num_chunks, fmt.block_size if fmt else 1)[0]
+    m = layout(n, sched.chunk_count, fmt.block_size if fmt else 1)[0]
     enc = lambda values: encoded_bytes(values, fmt, "bfloat16")  # noqa: E731
     owned = sum(1 for own in sched.owners if 0 in own)
     sizes = [("permute", enc(len(s.transfers[0].chunks) * m), s.transfers)
              if s.kind == "permute" else
-             ("all_to_all", sched.num_chunks * enc(m)) if s.kind == "all_to_all" else
-             ("all_gather", enc(m) * (owned if s.phase == "gather" else sched.num_chunks))
+             ("all_to_all", sched.chunk_count * enc(m)) if s.kind == "all_to_all" else
+             ("all_gather", enc(m) * (owned if s.phase == "gather" else sched.chunk_count))
              for s in sched.steps]
 
     def wire(*bufs):  # one uint8 [1, size] buffer per message; each result is an output, so

@@ -80,9 +80,9 @@ import numpy as np
 from jax import lax
 
 from ._checks import count
-from .collectives import _invariant
+from .collectives import invariant
 from .formats import Format
-from .quantize import _decode_elements, _encode_elements
+from .quantize import decode_elements, encode_elements
 from .schedule import ring_schedule
 
 __all__ = [
@@ -359,7 +359,7 @@ class _Tables:
         codes = q - 8                                                  # int4 two's complement
         if codes.shape[-1] % 2:                                        # whole bytes
             codes = jnp.pad(codes, ((0, 0), (0, 1)))
-        parts = [_encode_elements(codes, _INT4)]
+        parts = [encode_elements(codes, _INT4)]
         if self.fmt.k:
             bad = ~jnp.isfinite(x).all(axis=-1, keepdims=True)         # carry NaN/Inf (essay)
             out = jnp.where(bad, jnp.nan, jnp.take(x, self.out, axis=-1)).astype(jnp.bfloat16)
@@ -371,7 +371,7 @@ class _Tables:
         the leading axes: `[..., 1, E]`)."""
         e, k = self.fmt.features, self.fmt.k
         nib = -(-(e - k) // 2)
-        codes = _decode_elements(buf[..., :nib], _INT4)[..., :e - k] + 8
+        codes = decode_elements(buf[..., :nib], _INT4)[..., :e - k] + 8
         lo, step = self.grid(group)
         vals = [lo + codes * step]
         if k:
@@ -481,7 +481,7 @@ def static_all_reduce(x: jax.Array, axis_name: str, fmt: StaticFormat, *, site=N
     if isinstance(site, (int, np.integer)) and not 0 <= site < fmt.sites:
         raise ValueError(f"site must lie in [0, {fmt.sites}), got {site}")
     if x.size == 0 or p == 1:        # nothing to send, so nothing to quantize
-        return _invariant(x, (axis_name,))
+        return invariant(x, (axis_name,))
     return _run(x, jnp.asarray(site, jnp.int32), axis_name, fmt, algorithm)
 
 

@@ -17,7 +17,7 @@ stochastic rounding by less than one step, with zero mean. For float grids (fp8,
 depends on the element's binade: the error is at most half an ULP of the element format. Scales
 are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above amax / elem_max,
 which is all the precision a coarse scale costs. The error model built on these bounds is in
-predict.py.
+models/error.py.
 
 MX formats use a power-of-two scale 2^k stored as an E8M0 byte k + 127: by default
 k = ceil(log2(amax / elem_max)), so nothing clips; with `scale_rule="floor"` OCP MX v1.0's
@@ -47,6 +47,11 @@ the E8M0 byte). A collective sends exactly that buffer, so the bytes counted are
 Block-major keeps every block's bytes contiguous, so encoding is one pass that writes rows:
 putting all payloads first and all scales after made XLA:CPU fuse the quantizer into a flat,
 strided write, 15x slower for int4 (measured: 159 ms against 11 ms for 4M values, one core).
+
+The wire codec. `Codec(fmt, dtype)` is what a collective sends per message: `encode`d blocks of
+`fmt`, or with `fmt=None` the raw bits of `dtype` (a bf16 ring really sends 2 bytes per value),
+and the accumulation dtype the receiver adds in (f32, or f64 for f64 inputs). The executor in
+collectives.py and the Pallas kernels use this one codec, so both send the same bytes.
 """
 
 from __future__ import annotations
@@ -323,7 +328,7 @@ def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
     return jnp.sum(stream << jnp.arange(bits, dtype=jnp.int32), axis=-1)
 
 
-def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
+def encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values [..., B] -> packed uint8 [..., B * elem_bits / 8]."""
     codes = q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt)
     codes = codes & ((1 << fmt.elem_bits) - 1)
@@ -342,7 +347,7 @@ def _encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     return _pack_bits(codes, fmt.elem_bits)
 
 
-def _decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
+def decode_elements(payload: jax.Array, fmt: Format) -> jax.Array:
     """Packed uint8 [..., PB] -> grid values f32 [..., B]."""
     if fmt.elem_bits == 4:
         payload = jnp.concatenate([payload & 0xF, payload >> 4], axis=-1)
@@ -380,7 +385,7 @@ def _quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Ar
         q = _nearest_even(xb, v, s, fmt)
     else:
         q = _round_to_grid(v, fmt, key)
-    return _encode_elements(q, fmt), stored
+    return encode_elements(q, fmt), stored
 
 
 def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quantized:
@@ -411,7 +416,7 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
 def dequantize(q: Quantized) -> jax.Array:
     """The f32 values a `Quantized` stands for: `[*lead, *shape]`, lead the batch axes of a
     stacked `Quantized` (as `from_bytes` of a `[*lead, nbytes]` buffer gives)."""
-    values = _apply_scale(_decode_elements(q.payload, q.fmt), q.scales, q.fmt)
+    values = _apply_scale(decode_elements(q.payload, q.fmt), q.scales, q.fmt)
     lead = values.shape[:-2]
     n = math.prod(q.shape)
     return values.reshape(*lead, -1)[..., :n].reshape(*lead, *q.shape)
@@ -470,5 +475,36 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
         raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
                          f"block_size {fmt.block_size} (use from_bytes and dequantize)")
     q = from_bytes(buf, fmt, (n,))
-    values = _apply_scale(_decode_elements(q.payload, fmt), q.scales, fmt)
+    values = _apply_scale(decode_elements(q.payload, fmt), q.scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
+
+
+def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
+    """Bytes `m` values travel as: blocks of `fmt`, or raw `dtype` when fmt is None."""
+    return m * jnp.dtype(dtype).itemsize if fmt is None else fmt.nbytes(m)
+
+
+class Codec:
+    """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None."""
+
+    def __init__(self, fmt: Format | None, dtype):
+        self.fmt = fmt
+        self.dtype = jnp.dtype(dtype)
+        self.acc = jnp.promote_types(self.dtype, jnp.float32)  # accumulate in f32 (or f64)
+        self.align = fmt.block_size if fmt is not None else 1
+
+    def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
+        if self.fmt is not None:
+            return encode(v, self.fmt, key=key)
+        raw = lax.bitcast_convert_type(v.astype(self.dtype), jnp.uint8)
+        return raw.reshape(*v.shape[:-1], -1)
+
+    def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
+        if self.fmt is not None:
+            return decode(buf, self.fmt, m).astype(self.acc)
+        if self.dtype.itemsize > 1:
+            buf = buf.reshape(*buf.shape[:-1], m, self.dtype.itemsize)
+        return lax.bitcast_convert_type(buf, self.dtype).astype(self.acc)
+
+    def nbytes(self, m: int) -> int:
+        return encoded_bytes(m, self.fmt, self.dtype)

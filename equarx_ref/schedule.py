@@ -30,7 +30,7 @@ owner sums all p copies, then an all-gather. Each value is quantized exactly twi
 One-shot (Dong et al.). One all-gather of every device's whole vector; each device sums the p
 copies itself. p - 1 times the bytes of the vector, one quantization per value.
 
-Layout. `layout(n, schedule.num_chunks, align, num_chunks)` says where each value goes: the
+Layout. `layout(n, schedule.chunk_count, align, num_chunks)` says where each value goes: the
 flattened input is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of
 `align` (the block size), so padding and chunk ownership depend only on the length, the devices
 and the block. Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces.
@@ -40,21 +40,38 @@ The all-gather phases are `all_gather` steps: each device contributes the chunks
 receives the others' (on a ring network this is p - 1 forwarding hops of the same bytes; JAX's
 `all_gather` also makes the result provably identical on every device, which `shard_map`'s
 `check_vma` needs).
+
+The one walk. `walk(schedule, start, send, add)` moves symbolic values exactly as the executor
+moves arrays: a reduce hop delivers `send(value)` and the receiver adds its own copy; an
+all-to-all or a reduce-phase all-gather sends every contribution (the receiver's own included:
+the executor encodes the whole buffer); the gather phase sends each owner's sum once and
+forwards it. `simulate` (which inputs each result sums), the error model's quantization
+histories and the hop plans' step weights are all this one walk with different values.
+
+The argument rules of every algorithm live here too (`check_algorithm`), so the executor, the
+models and the kernels refuse the same things with the same words.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
 from ._checks import count
+from .formats import Format
 
 __all__ = [
+    "ALGORITHMS",
+    "RING_FAMILY",
     "Schedule",
     "Step",
     "Transfer",
     "bidir_ring_schedule",
+    "check_algorithm",
+    "device_shape",
     "layout",
     "make_schedule",
     "one_shot_schedule",
@@ -62,7 +79,13 @@ __all__ = [
     "simulate",
     "torus_schedule",
     "two_shot_schedule",
+    "walk",
 ]
+
+#: Every algorithm `all_reduce` runs; "psum" is `lax.psum` itself, the others are schedules here.
+ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
+#: The rings: they pipeline (`num_chunks`), run over a pair of axes (2D torus) and as a kernel.
+RING_FAMILY = ("ring", "bidir_ring")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +124,15 @@ class Schedule:
     Attributes:
         name: the algorithm.
         shape: devices per mesh axis, `(p,)` or `(p1, p2)`.
-        num_chunks: chunks each device's vector is cut into.
+        chunk_count: chunks each device's vector is cut into (each may be cut again into
+            pipeline pieces: `layout`'s `num_chunks`).
         steps: the collective operations, in order.
         owners: for each chunk, the devices holding its full sum after the reduce phase.
     """
 
     name: str
     shape: tuple[int, ...]
-    num_chunks: int
+    chunk_count: int
     steps: tuple[Step, ...]
     owners: tuple[tuple[int, ...], ...]
 
@@ -123,6 +147,33 @@ class Schedule:
         """Chunk-sized messages `device` sends (the wire-byte count, in chunks)."""
         return sum(len(t.chunks) for st in self.steps if phase in (None, st.phase)
                    for t in st.transfers if t.src == device)
+
+
+def device_shape(p) -> tuple[int, ...]:
+    """`p` devices, or a (p1, p2) torus, as a shape of positive integers."""
+    shape = tuple(p) if isinstance(p, (tuple, list)) else (p,)
+    if not 1 <= len(shape) <= 2:
+        raise ValueError(f"p must be a device count or a pair of them (2D torus), got {p!r}")
+    return tuple(count(q, "p (devices)") for q in shape)
+
+
+def check_algorithm(algorithm: str, fmt: Format | None, shape: tuple[int, ...] = (1,),
+                    num_chunks: int = 1) -> None:
+    """Refuse what `all_reduce` cannot run: unknown names, a fmt that is not a Format, fmt
+    with psum, 2D non-rings, a pipeline depth on a non-ring."""
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    if fmt is not None and not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
+    if algorithm == "psum" and fmt is not None:
+        raise ValueError("algorithm='psum' is the built-in lax.psum and sends x unquantized: "
+                         "pass fmt=None (or pick 'ring', 'bidir_ring', 'two_shot', 'one_shot')")
+    if len(shape) == 2 and algorithm not in RING_FAMILY:
+        raise ValueError(f"a pair of mesh axes (2D torus) takes {RING_FAMILY}, "
+                         f"not {algorithm!r}")
+    count(num_chunks, "num_chunks")
+    if num_chunks > 1 and algorithm not in RING_FAMILY:
+        raise ValueError(f"num_chunks (pipelining) applies to {RING_FAMILY}, not {algorithm!r}")
 
 
 def _check_p(p: int, what: str = "p") -> None:
@@ -230,20 +281,54 @@ def one_shot_schedule(p: int) -> Schedule:
 
 
 def make_schedule(algorithm: str, shape: tuple[int, ...]) -> Schedule:
-    """The schedule of `algorithm` ("ring", "bidir_ring", "two_shot", "one_shot") on `shape`."""
+    """The schedule of `algorithm` (any of `ALGORITHMS` but "psum") on `shape` (p,) or (p1, p2)."""
     shape = tuple(shape)
+    if algorithm == "psum" or algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} for a schedule; "
+                         f"choose one of {ALGORITHMS[1:]}")
     if len(shape) == 2:
-        if algorithm not in ("ring", "bidir_ring"):
-            raise ValueError(f"a pair of mesh axes (2D torus) takes 'ring' or 'bidir_ring', "
-                             f"not {algorithm!r}")
+        check_algorithm(algorithm, None, shape)
         return torus_schedule(*shape, bidirectional=algorithm == "bidir_ring")
     if len(shape) != 1:
         raise ValueError(f"schedules run over one mesh axis or a pair, got shape {shape}")
     builders = {"ring": ring_schedule, "bidir_ring": bidir_ring_schedule,
                 "two_shot": two_shot_schedule, "one_shot": one_shot_schedule}
-    if algorithm not in builders:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(builders)}")
     return builders[algorithm](shape[0])
+
+
+def walk(schedule: Schedule, start: Callable, send: Callable, add: Callable) -> list[list]:
+    """Move symbolic values through `schedule` as the executor moves arrays (module essay).
+
+    `start(device, chunk)` is a device's input value of a chunk; `send(value, time)` is what
+    arrives of a value sent at a reduce step's `time` (or by the gather phase: time None), which
+    is where a quantization happens; `add(a, b)` sums two values. Returns `held[device][chunk]`,
+    every device's final value of every chunk.
+    """
+    p, chunks = schedule.p, schedule.chunk_count
+    held = [[start(d, c) for c in range(chunks)] for d in range(p)]
+    for step in (s for s in schedule.steps if s.phase == "reduce"):
+        if step.kind == "permute":  # the receiver adds its own copy to what arrives
+            arriving = [(t.dst, c, send(held[t.src][c], step.time))
+                        for t in step.transfers for c in t.chunks]
+            for d, c, value in arriving:
+                held[d][c] = add(held[d][c], value)
+        else:  # all_to_all / all_gather: every contribution is sent, the receiver's own too
+            parts: dict[tuple[int, int], list] = {}
+            for t in step.transfers:
+                for c in t.chunks:
+                    parts.setdefault((t.dst, c), [held[t.dst][c]]).append(held[t.src][c])
+            for (d, c), values in parts.items():
+                held[d][c] = functools.reduce(add, [send(v, step.time) for v in values])
+    gathers = [s for s in schedule.steps if s.phase == "gather"]
+    if gathers:  # each owner sends its sum once; the gathers forward those same bytes
+        for c, owners in enumerate(schedule.owners):
+            for d in owners:
+                held[d][c] = send(held[d][c], None)
+        for step in gathers:
+            arriving = [(t.dst, c, held[t.src][c]) for t in step.transfers for c in t.chunks]
+            for d, c, value in arriving:
+                held[d][c] = value
+    return held
 
 
 def simulate(schedule: Schedule) -> list[list[Counter]]:
@@ -252,24 +337,15 @@ def simulate(schedule: Schedule) -> list[list[Counter]]:
     Returns `held[device][chunk]`, a Counter of input devices (a count of 2 would mean an input
     was added twice). A correct AllReduce ends with every count exactly 1 on every device.
     """
-    p, n = schedule.p, schedule.num_chunks
-    held = [[Counter({d: 1}) for _ in range(n)] for d in range(p)]
-    for step in schedule.steps:
-        sent = [(t, [held[t.src][c].copy() for c in t.chunks]) for t in step.transfers]
-        for t, parts in sent:
-            for c, part in zip(t.chunks, parts, strict=True):
-                if step.phase == "reduce":
-                    held[t.dst][c] += part
-                else:
-                    held[t.dst][c] = part
-    return held
+    return walk(schedule, lambda d, c: Counter({d: 1}), lambda v, time: v.copy(),
+                lambda a, b: a + b)
 
 
 def layout(n: int, chunks: int, align: int, num_chunks: int = 1
            ) -> tuple[int, tuple[tuple[int, int], ...]]:
     """Chunk length L (a multiple of `align`) and the pipeline pieces `((start, length), ...)`.
 
-    `n` values are cut into `chunks` chunks (a schedule's `num_chunks`) of `L` values each,
+    `n` values are cut into `chunks` chunks (a schedule's `chunk_count`) of `L` values each,
     zero-padded at the end; with `num_chunks=k` each chunk is cut into at most k pieces of whole
     `align` units (never more pieces than units). n = 0 gives L = 0 and no pieces.
     """

@@ -95,7 +95,7 @@ def draw_schedule(schedule: Schedule, ax=None, title: str | None = None):
     ax.set_yticks([d + 0.45 for d in range(p)])
     ax.set_yticklabels([f"device {d}" for d in range(p)], fontsize=8)
     ax.set_title(title or f"{schedule.name} over {'x'.join(map(str, schedule.shape))} devices, "
-                 f"{schedule.num_chunks} chunks", fontsize=10)
+                 f"{schedule.chunk_count} chunks", fontsize=10)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     return ax

@@ -206,7 +206,7 @@ def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
     steps_fmt, gather_fmt = plan if plan is not None else ({}, fmt)
     align = max([f.block_size for f in (fmt, gather_fmt, *steps_fmt.values())]) \
         if fmt is not None else 1
-    C = schedule.num_chunks
+    C = schedule.chunk_count
     L = -(-n // (C * align)) * align
     acc = np.zeros((p, C * L), np.float32)
     acc[:, :n] = x.reshape(p, -1).astype(np.float32)

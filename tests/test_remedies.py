@@ -181,8 +181,8 @@ def test_rotated_all_reduce_is_the_reference_on_rotated_data(algorithm, fmt, p):
     n = 1000
     x = gaussian(p, n, seed=p)
     sched = eq.make_schedule(algorithm, (p,))
-    length, _ = eq.layout(n, sched.num_chunks, fmt.block_size)
-    padded = np.pad(x, ((0, 0), (0, sched.num_chunks * length - n)))
+    length, _ = eq.layout(n, sched.chunk_count, fmt.block_size)
+    padded = np.pad(x, ((0, 0), (0, sched.chunk_count * length - n)))
     rotated = np.asarray(jax.jit(rotation.rotate, static_argnums=1)(padded, fmt.block_size))
     summed = ref.all_reduce(rotated, sched, fmt)
     want = np.asarray(jax.jit(rotation.inverse_rotate, static_argnums=1)(

@@ -25,10 +25,10 @@ def test_every_chunk_reduced_exactly_once_and_everywhere(algorithm, shape):
     everyone = Counter(range(sched.p))
     held = eq.simulate(sched)
     for d in range(sched.p):
-        for c in range(sched.num_chunks):
+        for c in range(sched.chunk_count):
             assert held[d][c] == everyone, f"device {d} chunk {c}: {dict(held[d][c])}"
     for c, owners in enumerate(sched.owners):  # the reduce phase alone completes each owner
-        reduce_only = eq.Schedule(sched.name, sched.shape, sched.num_chunks,
+        reduce_only = eq.Schedule(sched.name, sched.shape, sched.chunk_count,
                                   tuple(s for s in sched.steps if s.phase == "reduce"),
                                   sched.owners)
         for d in owners:
@@ -109,7 +109,7 @@ def _symbolic_run(sched):
     """Execute a schedule on expressions, as the collectives' essay describes the executor:
     ("x", d) is device d's input, ("+", ...) an f32 sum, ("Q", e) e quantized and decoded.
     Returns final[device][chunk]."""
-    p, chunks = sched.p, sched.num_chunks
+    p, chunks = sched.p, sched.chunk_count
     held = [[("x", d)] * chunks for d in range(p)]
     for step in (s for s in sched.steps if s.phase == "reduce"):
         new = [row[:] for row in held]
@@ -159,7 +159,7 @@ def test_quantized_sizes_by_hand_and_by_symbolic_execution(algorithm, shape):
     sched = eq.make_schedule(algorithm, shape)
     final = _symbolic_run(sched)
     for d in range(sched.p):
-        for c in range(sched.num_chunks):
+        for c in range(sched.chunk_count):
             assert final[d][c] == final[0][c], f"device {d} chunk {c} differs from device 0"
             assert sorted(_leaves(final[d][c])) == list(range(sched.p))
     simulated = sorted(_quantized(final[0][0])) if sched.p > 1 else []
@@ -169,7 +169,7 @@ def test_quantized_sizes_by_hand_and_by_symbolic_execution(algorithm, shape):
     assert eq.quantized_sizes(p, algorithm=algorithm) == expected
     if sched.p > 1:  # the error model: c * sqrt(mean over chunks of sum(sizes) / p)
         fmt = eq.Format.int4()
-        mean = np.mean([sum(_quantized(final[0][c])) for c in range(sched.num_chunks)])
+        mean = np.mean([sum(_quantized(final[0][c])) for c in range(sched.chunk_count)])
         assert eq.predicted_relative_error(p, fmt=fmt, algorithm=algorithm) == pytest.approx(
             eq.gaussian_relative_error(fmt) * np.sqrt(mean / sched.p), rel=1e-12)
 

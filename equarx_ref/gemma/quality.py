@@ -31,8 +31,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._checks import count
-from ..collectives import ALGORITHMS, AllReduce, all_reduce
+from ..collectives import AllReduce, all_reduce
 from ..formats import Format, format_label, parse_format
+from ..schedule import ALGORITHMS
 from .parallel import forward, forward_with_partials, shard_params
 from .scoring import sharded_scores, site_errors
 

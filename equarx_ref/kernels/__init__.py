@@ -9,10 +9,9 @@ checks them against `impl="xla"` and times them is `runs/kernel_checks.py`.
 
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .hop import fused_hop, hop_reference, lowering_error, wire_codec
-from .ring import RING_ALGORITHMS, SABOTAGES, RingPlan, plan_ring, ring_all_reduce
+from .ring import SABOTAGES, RingPlan, plan_ring, ring_all_reduce
 
 __all__ = [
-    "RING_ALGORITHMS",
     "SABOTAGES",
     "RaceLog",
     "RingPlan",

@@ -36,20 +36,19 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ..collectives import _Codec
 from ..formats import Format
-from ..quantize import decode, encode
+from ..quantize import Codec, decode, encode
 from . import backend
 
 __all__ = ["fused_hop", "hop_reference", "lowering_error", "wire_codec"]
 
 
-def wire_codec(fmt: Format | None, dtype) -> _Codec:
+def wire_codec(fmt: Format | None, dtype) -> Codec:
     """The codec of one message: `.encode(values)`, `.decode(bytes, m)`, `.nbytes(m)`, `.acc`:
     the XLA path's own, so both paths put the same bytes on the wire."""
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
-    return _Codec(fmt, dtype)
+    return Codec(fmt, dtype)
 
 
 def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:

@@ -70,13 +70,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..formats import Format
-from ..schedule import layout, make_schedule
+from ..schedule import RING_FAMILY, layout, make_schedule
 from . import backend
 from .hop import wire_codec
 
-__all__ = ["RING_ALGORITHMS", "SABOTAGES", "RingPlan", "plan_ring", "ring_all_reduce"]
+__all__ = ["SABOTAGES", "RingPlan", "plan_ring", "ring_all_reduce"]
 
-RING_ALGORITHMS = ("ring", "bidir_ring")
 #: Deliberately broken variants, for showing the race detector at work: "capacity" skips the
 #: sender's wait for the receiver's "slot free" signal (it still balances the semaphore at exit).
 SABOTAGES = ("capacity",)
@@ -160,14 +159,14 @@ class RingPlan:
 def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
               num_chunks: int = 1, dtype="float32") -> RingPlan:
     """The static plan of the kernel for `n` values per device on a ring of `p` devices."""
-    if algorithm not in RING_ALGORITHMS:
+    if algorithm not in RING_FAMILY:
         raise ValueError(f"the Pallas kernel runs algorithm 'ring' or 'bidir_ring', got "
                          f"{algorithm!r} (use impl='xla' for the others)")
     sched = make_schedule(algorithm, (p,))
     codec = wire_codec(fmt, dtype)
-    length, pieces = layout(n, sched.num_chunks, codec.align, num_chunks)
+    length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
     lanes = ((0, +1),) if algorithm == "ring" else ((0, +1), (p, -1))
-    return RingPlan(p, n, sched.num_chunks, length, pieces,
+    return RingPlan(p, n, sched.chunk_count, length, pieces,
                     tuple(codec.nbytes(size) for _, size in pieces), lanes, len(pieces) + 1)
 
 

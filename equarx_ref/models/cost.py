@@ -51,11 +51,11 @@ import jax.numpy as jnp
 
 from .._checks import count
 from ..formats import Format
-from ..schedule import layout
-from .predict import check_algorithm, device_shape, encoded_bytes
+from ..quantize import encoded_bytes
+from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
 
-__all__ = ["CHIPS", "Chip", "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases",
-           "predicted_time", "timeline"]
+__all__ = ["CHIPS", "DEVICE_KINDS", "Chip", "as_chip", "best_num_chunks", "crossover_bytes",
+           "default_min_bytes", "phases", "predicted_time", "timeline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +145,7 @@ class Phase:
     sent_bytes: float = 0.0
 
 
-def _chip(chip) -> Chip:
+def as_chip(chip) -> Chip:
     if isinstance(chip, Chip):
         return chip
     if chip not in CHIPS:
@@ -171,7 +171,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     enc_all = encoded_bytes(n, fmt, dtype)
     quantized = int(fmt is not None)
     out: list[Phase] = []
-    if algorithm in ("ring", "bidir_ring"):
+    if algorithm in RING_FAMILY:
         d = 2 if algorithm == "bidir_ring" else 1
         chunk = layout(n, total * d, fmt.block_size if fmt else 1, 1)[0]
         # along each axis in turn: messages hold the chunks still to be split further
@@ -257,7 +257,7 @@ def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
 
     `chip` is a key of `CHIPS` ("v5e", ...) or a `Chip`. A modelled figure, not a measurement.
     """
-    c = _chip(chip)
+    c = as_chip(chip)
     return sum(_phase_time(ph, c, num_chunks) for ph in phases(
         n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks))
 
@@ -265,7 +265,7 @@ def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
 def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,
                     dtype="bfloat16", max_chunks: int = 256) -> int:
     """The pipeline depth (a power of two up to `max_chunks`) the model finds fastest."""
-    if algorithm not in ("ring", "bidir_ring"):
+    if algorithm not in RING_FAMILY:
         return 1
     depths = [1 << i for i in range(int(math.log2(count(max_chunks, "max_chunks"))) + 1)]
     return min(depths, key=lambda k: predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip,
@@ -289,7 +289,7 @@ def crossover_bytes(p, *, fmt: Format, algorithm: str, chip, dtype="bfloat16") -
     if wins(lo):
         return 0
     if not wins(hi):
-        raise ValueError(f"{fmt} never beats the unquantized {algorithm} on {_chip(chip).name} "
+        raise ValueError(f"{fmt} never beats the unquantized {algorithm} on {as_chip(chip).name} "
                          "in the model, up to 16 GiB")
     while hi - lo > itemsize * 64 and hi > lo * 1.01:
         mid = int(math.sqrt(lo * hi))
@@ -298,7 +298,7 @@ def crossover_bytes(p, *, fmt: Format, algorithm: str, chip, dtype="bfloat16") -
 
 
 # jax's device_kind of each chip (as printed by jax.devices()[0].device_kind)
-_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
                  "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
 
 
@@ -308,7 +308,7 @@ def default_min_bytes(p, *, fmt: Format, algorithm: str, device_kind: str) -> in
     unquantized. On a known TPU it is the model's `crossover_bytes` for that chip; on anything
     else (CPU devices, simulated or not, where no link is saved) it is 0: every message is
     quantized, exactly as asked."""
-    chip = _DEVICE_KINDS.get(device_kind)
+    chip = DEVICE_KINDS.get(device_kind)
     if chip is None or algorithm == "psum":
         return 0
     return crossover_bytes(p, fmt=fmt, algorithm=algorithm, chip=chip)

@@ -3,7 +3,7 @@
 A quantized ring re-quantizes partial sums. Reduce step t of a ring over p devices sends partial
 sums of t + 1 inputs; the gather sends the full sum of p. One quantization of a value whose
 variance is k s^2 with a format of relative error c(F) adds error variance c(F)^2 k s^2, so with
-format F_t at step t and F_g for the gather (`predict.py`'s argument, one format per step):
+format F_t at step t and F_g for the gather (`error.py`'s argument, one format per step):
 
     relative error^2 = ( sum_t w_t c(F_t)^2 + w_g c(F_g)^2 ) / p
 
@@ -18,7 +18,7 @@ three above, `int6` ... `int11` around int8, bit-packed) and the block may grow 
 two (fewer scale bits: int9 with a bf16 scale per 128 values costs 9.125 bits), and
 `hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily; within
 3% of an exact search's modelled error on p = 2 ... 16) under the budget: bits per element on
-the wire no more than `fmt`'s. c(F) is `predict.gaussian_relative_error`, the model for i.i.d.
+the wire no more than `fmt`'s. c(F) is `error.gaussian_relative_error`, the model for i.i.d.
 Gaussian data.
 
 What it reaches (Gaussian data, int8 budget of 8.5 bits; measured values in the sweep): the ring
@@ -37,7 +37,8 @@ import math
 
 from .._checks import count
 from ..formats import Format
-from ..schedule import Schedule, make_schedule
+from ..schedule import Schedule, check_algorithm, device_shape, make_schedule
+from .error import gaussian_relative_error, quantizations
 
 __all__ = ["HOP_BITS", "MAX_DEVICES", "HopPlan", "check_hop_bits", "hop_plan", "step_weights"]
 
@@ -56,9 +57,6 @@ class HopPlan:
 
     reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
     gather: Format | None
-
-    def at(self, time: int) -> Format:
-        return dict(self.reduce)[time]
 
     @property
     def align(self) -> int:
@@ -88,48 +86,22 @@ def check_hop_bits(hop_bits: str, fmt: Format | None) -> None:
 def step_weights(sched: Schedule) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
     """Per reduce step time: (w, n) = (sizes of the partial sums that step quantizes in the
     history of chunk 0's final value, chunks one device sends); and the same pair for the
-    gather phase (module essay). Follows the schedule like `predict.quantized_sizes`."""
-    p, chunks = sched.p, sched.num_chunks
-    # held[d][c] = (inputs summed, ((step time, size of a quantization), ...) in its history)
-    held = [[(1, ()) for _ in range(chunks)] for _ in range(p)]
+    gather phase (module essay). The history is `error.quantizations`, the schedule's walk."""
     sent: dict[int, int] = {}
-
-    def message(d, c, time):
-        k, hist = held[d][c]
-        return k, (*hist, (time, k))
-
     for step in (s for s in sched.steps if s.phase == "reduce"):
         sent[step.time] = sent.get(step.time, 0) + sum(
             len(t.chunks) for t in step.transfers if t.src == 0)
-        if step.kind == "permute":
-            arriving = [(t.dst, c, message(t.src, c, step.time))
-                        for t in step.transfers for c in t.chunks]
-            for d, c, (k, hist) in arriving:
-                k0, hist0 = held[d][c]
-                held[d][c] = (k0 + k, hist0 + hist)
-        else:  # all_to_all / all_gather: every contribution quantized, the receiver's own too
-            incoming: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for t in step.transfers:
-                for c in t.chunks:
-                    incoming.setdefault((t.dst, c), [(t.dst, c)]).append((t.src, c))
-            new = {key: [message(*src, step.time) for src in srcs]
-                   for key, srcs in incoming.items()}
-            for (d, c), parts in new.items():
-                held[d][c] = (sum(k for k, _ in parts), sum((h for _, h in parts), ()))
-    gathered = sum(len(t.chunks) for s in sched.steps if s.phase == "gather"
-                   for t in s.transfers if t.src == 0)
-    final = held[sched.owners[0][0]][0] if gathered else held[0][0]
+    gathered = sched.chunks_sent(0, "gather")
     weights = dict.fromkeys(sent, 0)
-    for time, k in final[1]:
-        weights[time] += k
-    return {t: (weights[t], sent[t]) for t in sorted(sent)}, ((p, gathered) if gathered
+    for time, k in quantizations(sched)[0]:
+        if time is not None:
+            weights[time] += k
+    return {t: (weights[t], sent[t]) for t in sorted(sent)}, ((sched.p, gathered) if gathered
                                                                else (0, 0))
 
 
 @functools.cache
 def _variance(fmt: Format) -> float:
-    from .predict import gaussian_relative_error
-
     return gaussian_relative_error(fmt) ** 2
 
 
@@ -152,8 +124,6 @@ def hop_plan(p, *, fmt: Format, algorithm: str, hop_bits: str = "adaptive") -> H
     type) that minimise the modelled error with no more bits per element on the wire than
     `fmt` (module essay). Deterministic: every device computes the same plan.
     """
-    from .predict import check_algorithm, device_shape
-
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape)
     check_hop_bits(hop_bits, fmt)
@@ -214,8 +184,6 @@ def _search(items: tuple[tuple[int, int], ...], fmt: Format) -> list[Format]:
 
 def plan_bits_per_element(plan: HopPlan, p, *, algorithm: str) -> float:
     """Bits per element on the wire, averaged over what one device sends."""
-    from .predict import device_shape
-
     steps, (_, ng) = step_weights(make_schedule(algorithm, device_shape(p)))
     sends = [(steps[t][1], f) for t, f in plan.reduce] + ([(ng, plan.gather)] if ng else [])
     return sum(n * f.bits_per_element for n, f in sends) / sum(n for n, _ in sends)
@@ -223,8 +191,6 @@ def plan_bits_per_element(plan: HopPlan, p, *, algorithm: str) -> float:
 
 def plan_relative_error(plan: HopPlan, p, *, algorithm: str) -> float:
     """The modelled relative error of a plan on i.i.d. Gaussian inputs (module essay)."""
-    from .predict import device_shape
-
     shape = device_shape(p)
     steps, (wg, ng) = step_weights(make_schedule(algorithm, shape))
     total = sum(steps[t][0] * _variance(f) for t, f in plan.reduce)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..formats import Format
-from .cost import _chip, best_num_chunks, predicted_time
+from .cost import as_chip, best_num_chunks, predicted_time
 
 __all__ = ["PrefillTime", "prefill_time"]
 
@@ -58,7 +58,7 @@ def prefill_time(config, tokens: int, tp: int, *, chip, fmt: Format | None,
     """Modelled prefill of `tokens` tokens at tensor parallelism `tp` (module essay)."""
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
-    c = _chip(chip)
+    c = as_chip(chip)
     compute = _flops(config, tokens) / (tp * c.peak_flops * efficiency)
     n = tokens * config.embed_dim
     k = best_num_chunks(n, tp, fmt=fmt, algorithm=algorithm, chip=c)

@@ -1,1 +1,10 @@
-"""runs."""
+"""Runs: the library function behind every `equarx-ref` command, each usable from Python.
+
+- `bench.py`: `equarx-ref demo` (every algorithm x format side by side) and `equarx-ref bench`
+  (quantizer throughput against a plain pass over memory);
+- `sweep.py`: `equarx-ref sweep`, the map of bits on the wire against error;
+- `kernel_checks.py`: `equarx-ref kernels`, the Pallas kernels against `impl="xla"`.
+
+The multi-host run (`equarx-ref bench --hosts`) is `multihost/`, Gemma's quality and
+calibration runs are in `gemma/`. The CLI (`cli.py`) only parses, calls one of these and prints.
+"""

@@ -27,12 +27,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..collectives import ALGORITHMS, all_reduce
+from ..collectives import all_reduce
 from ..devices import make_mesh
 from ..formats import Format, parse_format
 from ..models.hlo import hlo_wire_bytes
 from ..models.predict import predicted_relative_error, wire_bytes
 from ..quantize import dequantize, quantize
+from ..schedule import ALGORITHMS
 
 __all__ = ["DEMO_FORMATS", "Row", "compare_collectives", "quantizer_throughput"]
 

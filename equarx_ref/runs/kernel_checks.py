@@ -163,7 +163,7 @@ def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,
     if not backend.on_tpu():
         raise RuntimeError("measure_hop times a TPU chip; this machine has none (backend "
                            f"{jax.default_backend()!r}): no TPU figure is made up here")
-    from ..models.cost import _DEVICE_KINDS, CHIPS
+    from ..models.cost import CHIPS, DEVICE_KINDS
 
     kind = jax.devices()[0].device_kind
     k1, k2 = jax.random.split(jax.random.key(0))
@@ -175,7 +175,7 @@ def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,
     moved = 2 * wire.size + local.size * local.dtype.itemsize
     tk = _median_seconds(kernel, (wire, local), repeats)
     tx = _median_seconds(xla, (wire, local), repeats)
-    chip = CHIPS.get(_DEVICE_KINDS.get(kind, ""))
+    chip = CHIPS.get(DEVICE_KINDS.get(kind, ""))
     return HopTiming(kind, format_label(fmt), rows * m, int(moved), tk, tx, moved / tk / 1e9,
                      moved / tx / 1e9, chip.hbm_bandwidth / 1e9 if chip else None, bitwise)
 
