@@ -253,8 +253,9 @@ def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
-        raise ValueError(f"impl='pallas' runs {RING_FAMILY} over one mesh axis, "
-                         f"not {what}; use impl='xla'")
+        runs = " and ".join(map(repr, RING_FAMILY))
+        raise ValueError(f"impl='pallas' runs {runs} over one mesh axis, not {what}; "
+                         "use impl='xla'")
     if impl == "pallas" and remedies:
         raise ValueError("impl='pallas' runs round-to-nearest on one format per hop: key=, "
                          "rotate=True and hop_bits='adaptive' need impl='xla'")

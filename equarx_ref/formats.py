@@ -107,6 +107,11 @@ FORMAT_NAMES = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4")
 #: The name of "no quantization" wherever a format is named (CLI, tables): the input's own
 #: 16-bit float travels as is.
 UNQUANTIZED = "bf16"
+#: The formats compared side by side (the demo, Gemma's quality table): none, then one of each
+#: family at its usual block size.
+COMPARED_FORMATS = (UNQUANTIZED, "int8", "int4", "fp8_e4m3")
+#: Bytes halving at each step: the multi-host runs and the baselines of the outliers command.
+BYTE_LADDER = (UNQUANTIZED, "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True)

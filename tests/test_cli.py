@@ -31,7 +31,7 @@ def test_demo_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     rows = {(r["algorithm"], r["format"]): r for r in report["rows"]}
     assert len(rows) == 1 + 4 * 4  # psum (bf16 only) + 4 algorithms x 4 formats
-    # The demo's inputs (benchmark.compare_collectives, seed 0): N(0, 1) rounded to bf16. Every
+    # The demo's inputs (runs.demo.compare_collectives, seed 0): N(0, 1) rounded to bf16. Every
     # error it reports must be the error of the documented all_reduce on them (the NumPy
     # reference), every prediction the model's, every time ratio its time over the bf16 ring's.
     x = np.asarray(jax.random.normal(jax.random.key(0), (8, 4096), jnp.float32)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import types
+
 import matplotlib
+import matplotlib.pyplot as plt
 
 from equarx_ref import viz
 
@@ -34,12 +37,24 @@ def test_plot_measured_stacks_link_and_compute_under_the_model(tmp_path):
     assert len(set(colours.values())) == 3  # one colour per wire format
 
 
+def test_plot_measured_names_sizes_on_a_log_axis_when_a_run_has_several():
+    """`bench --hosts --mib 1 32 --plot`: the one multi-host figure, with every size's rows."""
+    rows = [dict(r, message_bytes=mib << 20, seconds=r["seconds"] * mib,
+                 predicted_seconds=r["predicted_seconds"] * mib,
+                 **({"link_seconds": r["link_seconds"] * mib} if "link_seconds" in r else {}))
+            for mib in (1, 32) for r in ROWS]
+    ax = viz.plot_measured(rows)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"{r['algorithm']}\n{r['format']}\n{r['message_bytes'] >> 20} MiB" for r in rows]
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylim()[0] < min(min(r.get("link_seconds", r["seconds"]), r["seconds"])
+                                  for r in rows)  # every link bar shows
+    single = viz.plot_measured([dict(r, message_bytes=32 << 20) for r in ROWS])
+    assert single.get_yscale() == "linear" and "MiB" not in single.get_xticklabels()[0].get_text()
+
+
 def test_bytes_error_plot_keeps_ring_and_bidir_ring_apart():
     """Same bytes, same error: without the dodge bidir_ring's markers would sit under ring's."""
-    import types
-
-    from equarx_ref import viz
-
     rows = [types.SimpleNamespace(algorithm=a, format=f, byte_ratio=b, rel_error=e)
             for f, b, e in (("bf16", 1.0, 1e-3), ("int8", 16 / 8.5, 4e-3))
             for a in ("ring", "bidir_ring")]
@@ -49,6 +64,4 @@ def test_bytes_error_plot_keeps_ring_and_bidir_ring_apart():
     for i in (0, 2):  # each pair: the same error, x within 10%
         (x1, y1), (x2, y2) = points[i], points[i + 1]
         assert y1 == y2 and x1 != x2 and abs(x1 / x2 - 1) < 0.1
-    import matplotlib.pyplot as plt
-
     plt.close(ax.figure)

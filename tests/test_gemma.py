@@ -173,9 +173,9 @@ def test_preset_numbers():
     assert (c.embed_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_dim,
             c.sliding_window) == (5376, 62, 32, 16, 128, 21504, 1024)
     assert c.query_scale == pytest.approx(168 ** -0.5) and c.global_rope_scale == 8.0
-    assert Gemma3Config.gemma3_270m().global_layers == (5, 11, 17)
+    assert Gemma3Config.preset("270m").global_layers == (5, 11, 17)
     assert Gemma3Config.preset("270m").global_rope_scale == 1.0
-    assert 260e6 < Gemma3Config.gemma3_270m().num_params() < 275e6
+    assert 260e6 < Gemma3Config.preset("270m").num_params() < 275e6
     site = Gemma3Config.preset("27b").allreduce_sites(2048)
     assert site["count"] == 124 and site["bytes"] == 2048 * 5376 * 2   # 21 MiB each
     with pytest.raises(ValueError, match="unknown Gemma 3 preset"):

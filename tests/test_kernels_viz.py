@@ -1,6 +1,7 @@
-"""The kernel timeline (viz.kernel_timeline): the plan's waits, slots and sends laid out in time.
-It must respect what the kernel promises: one thing at a time per resource, a message read only
-after it arrived, no slot holding two messages at once, and pipelining shortening the run."""
+"""The kernel timeline (kernels.kernel_timeline, drawn by viz.draw_kernel_timeline): the plan's
+waits, slots and sends laid out in time. It must respect what the kernel promises: one thing at
+a time per resource, a message read only after it arrived, no slot holding two messages at
+once, and pipelining shortening the run."""
 
 import itertools
 
@@ -26,8 +27,8 @@ def test_timeline_respects_the_kernel(p, algorithm, k):
     plan = _plan(p, algorithm, k)
     for device in range(p):
         for lane in range(len(plan.lanes)):
-            events = viz.kernel_timeline(plan, device=device, lane=lane, compute=1.0, link=0.7,
-                                         fetch=0.2)
+            events = kernels.kernel_timeline(plan, device=device, lane=lane, compute=1.0,
+                                             link=0.7, fetch=0.2)
             by = {}
             for resource, label, _, start, end in events:
                 assert 0 <= start <= end, (resource, label, start, end)
@@ -55,13 +56,14 @@ def test_timeline_respects_the_kernel(p, algorithm, k):
 def test_pipelining_shortens_the_modelled_run():
     """Equal work: with compute = link, k pieces overlap the DMA of one piece with the compute
     of the next; with no link time the run is just the computes (and the first fetch)."""
-    makespan = {k: max(e[4] for e in viz.kernel_timeline(_plan(4, "ring", k, n=4 * 32 * 12)))
+    makespan = {k: max(e[4] for e in kernels.kernel_timeline(_plan(4, "ring", k,
+                                                                   n=4 * 32 * 12)))
                 for k in (1, 2, 4)}
     assert makespan[4] < makespan[2] < makespan[1], makespan
     steps = 2 * 4 - 1
     assert makespan[1] == pytest.approx(0.25 + steps + (steps - 1))  # nothing overlaps
     plan = _plan(4, "ring", 3, n=4 * 32 * 12)
-    alone = max(e[4] for e in viz.kernel_timeline(plan, link=0.0, fetch=0.0))
+    alone = max(e[4] for e in kernels.kernel_timeline(plan, link=0.0, fetch=0.0))
     assert alone == pytest.approx(steps)
 
 
@@ -69,5 +71,5 @@ def test_kernel_timeline_figure(tmp_path):
     plan = _plan(3, "ring", 2)
     ax = viz.draw_kernel_timeline(plan, title="k = 2")
     ax.figure.savefig(tmp_path / "k.png")
-    assert len(ax.patches) == len(viz.kernel_timeline(plan))
+    assert len(ax.patches) == len(kernels.kernel_timeline(plan))
     assert [t.get_text() for t in ax.get_yticklabels()][:3] == ["x → VMEM", "compute", "link"]

@@ -1,8 +1,10 @@
 """Multi-host runs: N processes of one JAX job, bitwise the single-process result, and nothing
-left behind (namespaces, links, hosts files, processes) however the launcher ends."""
+left behind (namespaces, links, hosts files, processes) however the launcher ends. Failures end
+the run at once, named: a host that fails, a taken port, the time limit, a machine too small."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,12 +12,17 @@ import time
 import pytest
 
 from equarx_ref import cli, multihost
+from equarx_ref.multihost import launcher, network
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+FLAG = "--xla_force_host_platform_device_count"
 
 
-def test_two_hosts_on_loopback_are_bitwise_one_process():
+def test_two_hosts_on_loopback_are_bitwise_one_process(monkeypatch):
+    # the flag setup_devices' message recommends, in the launcher's environment: the workers
+    # must not inherit it (each host is one device)
+    monkeypatch.setenv("XLA_FLAGS", f"{FLAG}=8")
     n = 3001  # odd: padding to whole blocks and chunks
     result = multihost.run(2, sizes=[2 * n], algorithms=["ring", "bidir_ring", "two_shot",
                                                          "one_shot"],
@@ -33,9 +40,96 @@ def test_two_hosts_on_loopback_are_bitwise_one_process():
     assert rows["ring", "bf16"]["speedup_vs_bf16"] == 1.0
 
 
-def test_every_run_is_bounded_in_time():
+def test_the_workers_environment_is_built_on_purpose():
+    env = launcher.worker_env({"XLA_FLAGS": f"--xla_cpu_foo=1 {FLAG}=8", "PATH": "/bin",
+                               "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "tpu"})
+    assert env["XLA_FLAGS"] == "--xla_cpu_foo=1" and env["PATH"] == "/bin"
+    assert "JAX_NUM_CPU_DEVICES" not in env and env["JAX_PLATFORMS"] == "cpu"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+    assert "XLA_FLAGS" not in launcher.worker_env({"XLA_FLAGS": f"{FLAG}=4"})
+
+
+def _one_host_with_the_flag(monkeypatch, host: int):
+    """Host `host` starts with the device-count flag after all: it must refuse, naming it."""
+    calls = []
+
+    def env():
+        calls.append(1)
+        extra = {"XLA_FLAGS": f"{FLAG}=8"} if len(calls) == host + 1 else {}
+        return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, **extra}
+    monkeypatch.setattr(launcher, "worker_env", env)
+
+
+@pytest.mark.parametrize("host", [0, 1])
+def test_a_failing_host_ends_the_run_at_once_named(monkeypatch, host):
+    _one_host_with_the_flag(monkeypatch, host)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"worker {host} failed") as e:
+        multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"], repeats=1,
+                      progress=False, check=False, timeout=300)
+    elapsed = time.monotonic() - start
+    assert FLAG in str(e.value) and "must have one CPU device" in str(e.value)
+    assert elapsed < 60, f"the failure took {elapsed:.0f} s to report (limit 300 s)"
+
+
+def _taken_port(monkeypatch, times: int):
+    """The first `times` coordinator ports offered are held by another socket."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = [holder.getsockname()[1]] * times
+    real = launcher._free_port
+    monkeypatch.setattr(launcher, "_free_port", lambda: taken.pop() if taken else real())
+    return holder
+
+
+def test_a_taken_port_is_retried(monkeypatch):
+    with _taken_port(monkeypatch, 1):
+        result = multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"],
+                               repeats=1, progress=False, check=False, timeout=300)
+    assert all(r["bitwise_equal"] for r in result["results"])
+
+
+def test_a_port_taken_every_time_is_named(monkeypatch):
+    with _taken_port(monkeypatch, 3) as holder:
+        port = holder.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"could not bind its port .*{port}"):
+            multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"],
+                          repeats=1, progress=False, check=False, timeout=300)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("hosts", [2, 6])
+def test_the_time_limit_holds(hosts):
+    start = time.monotonic()
     with pytest.raises(TimeoutError, match="time limit"):
-        multihost.run(2, sizes=[1 << 20], repeats=50, progress=False, check=False, timeout=2)
+        multihost.run(hosts, sizes=[1 << 20], repeats=50, progress=False, check=False,
+                      timeout=10)
+    elapsed = time.monotonic() - start
+    assert elapsed < 15, f"{hosts} hosts, --timeout 10: stopped after {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("hosts, timeout, reason", [
+    (100, 10, "GiB of memory"),    # 100 JAX processes do not fit in this machine's memory
+    (12, 10, "just to start"),     # nor start in 5 s on its cores
+])
+def test_hosts_the_machine_cannot_serve_are_refused_up_front(hosts, timeout, reason,
+                                                            monkeypatch):
+    monkeypatch.setattr(launcher, "_memory_available", lambda: 24 << 30)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=reason):
+        multihost.run(hosts, sizes=[1 << 20], progress=False, timeout=timeout)
+    assert time.monotonic() - start < 2
+
+
+def test_the_cli_refuses_them_in_one_line(capsys):
+    start = time.monotonic()
+    assert cli.main(["bench", "--hosts", "100", "--timeout", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "100 hosts" in err[0], err
+    assert time.monotonic() - start < 2
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -74,21 +168,21 @@ def _launch(*extra):
 
 def _running(net) -> bool:
     """Every host's namespace exists and holds its worker."""
-    return all(multihost._ip("netns", "pids", ns, check=False).split() for ns in net["netns"])
+    return all(network.ip("netns", "pids", ns, check=False).split() for ns in net["netns"])
 
 
 @as_root
 @pytest.mark.parametrize("how", ["kill -9", "Ctrl-C", "SIGTERM", "a worker dies"])
 def test_nothing_is_left_behind(how):
     proc = _launch()
-    net = multihost._names(str(proc.pid), 2)
+    net = network.names(str(proc.pid), 2)
     deadline = time.monotonic() + 90
     while not _running(net):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
     time.sleep(2)  # the job is up: hosts joined, collectives running
     if how == "a worker dies":
-        os.kill(int(multihost._ip("netns", "pids", net["netns"][1]).split()[0]), signal.SIGKILL)
+        os.kill(int(network.ip("netns", "pids", net["netns"][1]).split()[0]), signal.SIGKILL)
     else:
         proc.send_signal({"kill -9": signal.SIGKILL, "Ctrl-C": signal.SIGINT,
                           "SIGTERM": signal.SIGTERM}[how])

@@ -11,18 +11,20 @@ here makes the sections of one source:
   file and reruns them);
 - `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
   its command, which `refresh` leaves alone);
+- `layout`: the package's files, line counts and import layers, counted from its files;
 - `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
 """
 
 from __future__ import annotations
 
-from . import bench, beyond, concepts, course, demo, gemma, model, multihost
+from . import bench, beyond, concepts, course, demo, gemma, layout, model, multihost
 from .common import Section, install
 
 __all__ = ["GENERATORS", "Section"]
 
 GENERATORS = {
     "install": install,
+    "layers": layout.layers,
     "course": course.course_list,
     "formats": concepts.formats_table,
     "schedules": concepts.schedules_figure,

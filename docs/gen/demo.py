@@ -1,6 +1,6 @@
 """`equarx-ref demo` on the site: every collective side by side, from equarx_ref/data/demo.json.
 
-The rows are `equarx_ref.runs.bench.Row`s as the command wrote them; the figures are the
+The rows are `equarx_ref.runs.demo.Row`s as the command wrote them; the figures are the
 package's own (`equarx_ref.viz`), the ones `equarx-ref demo --plot` saves.
 """
 
@@ -15,8 +15,8 @@ HEADLINE = [("ring", "bf16"), ("ring", "int8"), ("two_shot", "int8"), ("one_shot
 
 
 def rows() -> tuple[dict, list]:
-    """The stored demo run: its header fields, and its rows as `benchmark.Row`s."""
-    from equarx_ref.runs.bench import Row
+    """The stored demo run: its header fields, and its rows as `runs.demo.Row`s."""
+    from equarx_ref.runs.demo import Row
 
     demo = load("demo.json")
     return demo, [Row(**r) for r in demo["rows"]]

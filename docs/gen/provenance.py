@@ -3,7 +3,9 @@
 A stored result (`equarx_ref/data/NAME.json`) is stamped with the package modules behind its
 command and a digest of their code. The modules are the closure, over the package's own imports
 (lazy ones inside functions included), of the entry modules `PRODUCERS` names for the file:
-the module the command's work lives in; the core comes in through its imports.
+the module the command's work lives in (runs/, multihost/, outliers/, gemma/); the core comes in
+through their imports. The command's own module in cli/ is left out: it parses the arguments and
+writes what the work returns, so a new flag or help text does not make every result stale.
 
 The digest must survive what does not change a result: a file moved to another folder, an import
 line rewritten, a docstring or a comment edited, a function moved from one producing module to
@@ -32,15 +34,17 @@ DATA = SRC / "data"
 
 #: The modules a command's work lives in, per stored result (the closure adds what they import).
 PRODUCERS: dict[str, tuple[str, ...]] = {
-    "demo": ("equarx_ref.runs.bench",),
+    "demo": ("equarx_ref.runs.demo",),
     "bench": ("equarx_ref.runs.bench",),
     "gemma": ("equarx_ref.gemma.quality", "equarx_ref.gemma.report"),
-    "model-v5e": ("equarx_ref.models.cost", "equarx_ref.models.prefill"),
-    "outliers": ("equarx_ref.outliers", "equarx_ref.gemma.calibrate", "equarx_ref.gemma.report"),
+    "model-v5e": ("equarx_ref.runs.model",),
+    "outliers": ("equarx_ref.outliers.calibration", "equarx_ref.outliers.wire",
+                 "equarx_ref.outliers.collective", "equarx_ref.gemma.calibrate",
+                 "equarx_ref.gemma.report"),
     "sweep": ("equarx_ref.runs.sweep",),
-    "multihost-100mbit": ("equarx_ref.multihost",),
-    "multihost-1gbit": ("equarx_ref.multihost",),
-    "multihost-loopback": ("equarx_ref.multihost",),
+    "multihost-100mbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
+    "multihost-1gbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
+    "multihost-loopback": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
 }
 
 

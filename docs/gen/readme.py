@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from . import bench, beyond, demo, gemma, model, multihost
+from . import bench, beyond, demo, gemma, layout, model, multihost
 from .commands import COMMANDS
 from .common import ROOT, load, nbtool
 
@@ -44,7 +44,8 @@ def _beyond() -> str:
 
 
 BLOCKS = {"demo": _demo, "bench": _bench, "gemma": _gemma, "model": model.readme,
-          "multihost": multihost.readme, "beyond": _beyond, "install": _install}
+          "multihost": multihost.readme, "beyond": _beyond, "install": _install,
+          "layout": layout.readme_block}
 
 
 def render(text: str) -> str:

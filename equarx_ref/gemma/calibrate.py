@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._checks import count
-from ..formats import Format
+from ..formats import BYTE_LADDER, Format
 from ..models.hlo import hlo_wire_bytes
 from ..models.predict import wire_bytes
 from ..outliers import (
@@ -190,7 +190,7 @@ def evaluate_static(text: str | None = None, *, tp: int = 4, max_tokens: int | N
     if max_tokens is not None:
         max_tokens = count(max_tokens, "max_tokens", minimum=3)
     ids = tok.encode(EVAL_TEXT if text is None else text)[:max_tokens]
-    algorithms, formats = ("ring", "one_shot"), ("bf16", "int8", "int4")
+    algorithms, formats = ("ring", "one_shot"), BYTE_LADDER
     report = evaluate(params, config, ids, mesh, algorithms=algorithms, formats=formats,
                       extra=statics, progress=progress)
     runs = [collective(a, f) for a in algorithms for f in formats] + statics

@@ -85,31 +85,6 @@ class Gemma3Config:
             raise ValueError(f"unknown Gemma 3 preset {name!r}; known: {sorted(PRESETS)}")
         return PRESETS[key]
 
-    @classmethod
-    def gemma3_270m(cls) -> Gemma3Config:
-        """Gemma 3 270M (the model whose weights ship offline)."""
-        return PRESETS["270m"]
-
-    @classmethod
-    def gemma3_1b(cls) -> Gemma3Config:
-        """Gemma 3 1B."""
-        return PRESETS["1b"]
-
-    @classmethod
-    def gemma3_4b(cls) -> Gemma3Config:
-        """Gemma 3 4B (text decoder)."""
-        return PRESETS["4b"]
-
-    @classmethod
-    def gemma3_12b(cls) -> Gemma3Config:
-        """Gemma 3 12B (text decoder)."""
-        return PRESETS["12b"]
-
-    @classmethod
-    def gemma3_27b(cls) -> Gemma3Config:
-        """Gemma 3 27B (text decoder)."""
-        return PRESETS["27b"]
-
     # --- derived quantities --------------------------------------------------------------------
     def is_global(self, layer: int) -> bool:
         """True if `layer` attends globally (every `global_every`-th layer, 1-based)."""

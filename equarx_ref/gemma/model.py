@@ -12,7 +12,7 @@ The reduction must come *before* the post-norms: RMSNorm of a partial sum is not
 an RMSNorm. That is where EQuARX's quantized AllReduce replaces the exact one. The `2 L` reduction
 sites are numbered `site = 2 * layer + kind` (kind 0 after attention, 1 after the MLP), and
 `reduce` is told the site, as a traced int32 scalar (the layers run under `lax.scan`, so one
-traced block serves every layer): a collective with calibrated, per-site state (`outliers.py`)
+traced block serves every layer): a collective with calibrated, per-site state (`outliers/`)
 looks its tables up by it.
 
 Faithful to Gemma 3: RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` in float32; QK-norm over

@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._checks import count
 from ..collectives import AllReduce, all_reduce
-from ..formats import Format, format_label, parse_format
+from ..formats import COMPARED_FORMATS, Format, format_label, parse_format
 from ..schedule import ALGORITHMS
 from .parallel import forward, forward_with_partials, shard_params
 from .scoring import sharded_scores, site_errors
@@ -42,7 +42,7 @@ __all__ = ["DEFAULT_FORMATS", "Bf16AllReduce", "collective", "evaluate", "evalua
 _KIND = {"attn": 0, "mlp": 1}  # site = 2 * layer + kind (model.py)
 
 #: What `evaluate` compares by default: the bf16 baseline and three wire formats.
-DEFAULT_FORMATS = ("bf16", "int8", "int4", "fp8_e4m3")
+DEFAULT_FORMATS = COMPARED_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,13 +3,16 @@
 `hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `ring.py` is the
 whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel pipeline),
 what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively; elsewhere in TPU
-interpret mode on CPU devices, with the race detector on (`backend.py`). The harness that
-checks them against `impl="xla"` and times them is `runs/kernel_checks.py`.
+interpret mode on CPU devices, with the race detector on (`backend.py`). `timeline.py` lays the
+ring's plan out in time under assumed durations (plain Python, drawn by
+`viz.draw_kernel_timeline`). The harness that checks the kernels against `impl="xla"` and times
+them is `runs/kernel_checks.py`.
 """
 
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .hop import fused_hop, hop_reference, lowering_error, wire_codec
 from .ring import SABOTAGES, RingPlan, plan_ring, ring_all_reduce
+from .timeline import kernel_timeline
 
 __all__ = [
     "SABOTAGES",
@@ -18,6 +21,7 @@ __all__ = [
     "fused_hop",
     "hop_reference",
     "interpret_params",
+    "kernel_timeline",
     "lowering_error",
     "on_tpu",
     "plan_ring",

@@ -29,6 +29,7 @@ from ..formats import Format, format_label
 from ..kernels import backend
 from ..kernels.hop import fused_hop, hop_reference, lowering_error
 from ..quantize import encode
+from .timing import medians, time_calls
 
 __all__ = ["HopTiming", "KernelCheck", "check", "measure_hop", "report"]
 
@@ -147,16 +148,6 @@ class HopTiming:
     bitwise: bool
 
 
-def _median_seconds(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile, warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,  # noqa: B008
                 repeats: int = 20) -> HopTiming:
     """Time the fused hop kernel and XLA's hop on this TPU (bf16 local values). TPU only."""
@@ -173,8 +164,9 @@ def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,
     xla = jax.jit(lambda w, v: hop_reference(w, v, fmt))
     bitwise = bool(jnp.array_equal(kernel(wire, local), xla(wire, local)))
     moved = 2 * wire.size + local.size * local.dtype.itemsize
-    tk = _median_seconds(kernel, (wire, local), repeats)
-    tx = _median_seconds(xla, (wire, local), repeats)
+    t = medians(time_calls({"kernel": lambda: kernel(wire, local),
+                            "xla": lambda: xla(wire, local)}, repeats))
+    tk, tx = t["kernel"], t["xla"]
     chip = CHIPS.get(DEVICE_KINDS.get(kind, ""))
     return HopTiming(kind, format_label(fmt), rows * m, int(moved), tk, tx, moved / tk / 1e9,
                      moved / tx / 1e9, chip.hbm_bandwidth / 1e9 if chip else None, bitwise)

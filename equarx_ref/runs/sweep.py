@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import time
 
 import jax
@@ -39,6 +38,7 @@ from ..collectives import AllReduce
 from ..formats import Format, format_label
 from ..models.hops import hop_plan, plan_bits_per_element
 from ..models.predict import predicted_relative_error, wire_bytes
+from .progress import progress_bar
 
 __all__ = ["DATA", "DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_P", "REMEDIES", "Point",
            "make_data", "pareto", "sweep"]
@@ -144,7 +144,7 @@ def sweep(p_values=DEFAULT_P, algorithms=DEFAULT_ALGORITHMS, formats=DEFAULT_FOR
             raise ValueError(f"unknown remedy {r!r}; choose from {list(REMEDIES)}")
     configs = [(p, a, f, r) for p in p_values for a in algorithms for f in fmts
                for r in remedies if _applies(a, f, r)]
-    bar = _bar(len(configs), progress)
+    bar = progress_bar(len(configs), progress)
     points, n_model = [], message_bytes // 2
     t0 = time.perf_counter()
     for p, algorithm, fmt, remedy in configs:
@@ -175,35 +175,6 @@ def sweep(p_values=DEFAULT_P, algorithms=DEFAULT_ALGORITHMS, formats=DEFAULT_FOR
     return {"size": size, "chip": chip, "message_bytes": message_bytes, "modelled": True,
             "seconds": round(time.perf_counter() - t0, 1),
             "points": [dataclasses.asdict(q) for q in pareto(points)]}
-
-
-def _bar(total: int, progress: bool):
-    """A progress callback: tqdm on stderr if installed, else a counter line."""
-    if not progress:
-        return lambda _msg: None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, unit="config", leave=False, file=sys.stderr)
-
-        def step(msg):
-            if msg is None:
-                bar.close()
-            else:
-                bar.set_postfix_str(msg, refresh=False)
-                bar.update()
-        return step
-    done = [0]
-
-    def count(msg):
-        if msg is not None:
-            done[0] += 1
-            print(f"\r  {done[0]}/{total} {msg:<50}", end="", file=sys.stderr, flush=True)
-        else:
-            print(file=sys.stderr)
-    return count
 
 
 def table(result: dict, data: str = "gaussian") -> list[list[str]]:

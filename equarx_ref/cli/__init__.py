@@ -1,0 +1,103 @@
+"""equarx-ref: quantized AllReduce side by side: error, bytes on the wire, speed.
+
+    equarx-ref demo     every algorithm x bf16, int8, int4, fp8_e4m3: bits, bytes, error, CPU time
+    equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
+    equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
+    equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
+    equarx-ref kernels  the Pallas TPU kernels: bitwise and race checks; GB/s on a real TPU
+    equarx-ref outliers static int4 + bf16 outlier features (calibrated) on Gemma 3 270M
+    equarx-ref sweep    the map: bits on the wire against error, every algorithm, format, remedy
+
+(This folder only parses arguments, calls one library function per command and prints:
+`options.py` holds the argument types and outputs every command shares, `collectives.py`,
+`tpu.py` and `gemma.py` the commands by subject. A command imports what it needs only when it
+runs, so `equarx-ref --help` stays light.
+Exits: 0 done; 1 a failure while running or writing an output (one line); 2 a bad argument
+(one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went away.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import os
+import sys
+from importlib import metadata
+
+from .options import OutputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line ("equarx-ref demo: error: ..."), no usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+#: Every command: (one-line help, the module of this folder with its `add_NAME(sub)`, which
+#: adds its full parser, and `cmd_NAME(args)`, which runs it). Only the command being run gets
+#: its full parser, so `equarx-ref --help` imports none of the package's heavy modules.
+COMMANDS = {
+    "demo": ("run the collectives side by side (the main job)", "collectives"),
+    "bench": ("quantizer throughput; with --hosts, a real multi-host run", "collectives"),
+    "gemma": ("quality of quantized TP communication on Gemma 3 270M", "gemma"),
+    "model": ("modelled TPU time: speedup against message size, prefill", "tpu"),
+    "kernels": ("the Pallas TPU kernels: checks; GB/s on a real TPU", "tpu"),
+    "outliers": ("static int4 + bf16 outliers (Dong et al.) on Gemma", "gemma"),
+    "sweep": ("the map: bits on the wire against error, and remedies", "collectives"),
+}
+
+
+def command_module(name: str):
+    """The module of this folder that holds command `name`'s parser and its run."""
+    return importlib.import_module(f".{COMMANDS[name][1]}", __name__)
+
+
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="equarx-ref", description=__doc__.split("\n\n(")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {metadata.version('equarx-ref')}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (help_, _) in COMMANDS.items():
+        if name == chosen:
+            getattr(command_module(name), f"add_{name}")(sub)
+        else:
+            sub.add_parser(name, help=help_)
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: stdout to /dev/null, so the exit's flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (module docstring). Every command's failures
+    end the same way: one line on stderr, never a traceback, for a bad argument, a failed
+    write, Ctrl-C or a closed pipe."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["equarx-ref", *(a for a in argv[:1] if a in COMMANDS)])
+    try:
+        args = _parser(argv).parse_args(argv)
+        status = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the exit's flush
+        return status
+    except BrokenPipeError:  # the reader went away (`equarx-ref model | head -1`): quietly
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return 130
+    except OutputError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, ImportError) as e:  # bad input found by the package: one line
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 2
+

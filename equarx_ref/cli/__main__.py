@@ -1,0 +1,7 @@
+"""`python -m equarx_ref.cli`: the `equarx-ref` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

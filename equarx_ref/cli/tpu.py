@@ -1,0 +1,115 @@
+"""The TPU commands: `model` (the time model's report) and `kernels` (the Pallas kernels'
+checks). Each parses, calls one function of `equarx_ref.runs`, prints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import COMMANDS
+from .options import (
+    at_least,
+    bytes_text,
+    figure_path,
+    save_figure,
+    seconds_text,
+    table,
+    writable,
+    write_json,
+)
+
+
+def add_model(sub) -> None:
+    from ..models.cost import CHIPS
+    from ..schedule import ALGORITHMS
+
+    p = sub.add_parser("model", help=COMMANDS["model"][0],
+                       description="The time model (equarx_ref/cost.py) on one TPU chip type: "
+                       "for messages of 1 KiB to 1 GiB, the modelled time of the unquantized "
+                       "AllReduce and the speedup of int8 and int4, each at its best pipeline "
+                       "depth; then Gemma 3 12B and 27B prefill at the given TP. Modelled "
+                       "figures, not measurements.")
+    p.add_argument("--chip", choices=sorted(CHIPS), default="v5e", help="default v5e")
+    p.add_argument("--devices", type=at_least(2), default=8, help="chips in the ring (8)")
+    p.add_argument("--algorithm", choices=[a for a in ALGORITHMS if a != "psum"],
+                   default="bidir_ring", help="default bidir_ring")
+    p.add_argument("--json", metavar="PATH", type=writable, default=None,
+                   help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
+    p.add_argument("--plot", metavar="PATH", type=figure_path, default=None,
+                   help="save the speedup curves (png, svg, pdf)")
+    p.set_defaults(func=cmd_model)
+
+
+def cmd_model(args) -> int:
+    from ..models.cost import CHIPS
+    from ..runs.model import model_report
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    report = model_report(args.chip, args.devices, args.algorithm)
+    chip, rows = CHIPS[args.chip], report["rows"]
+    print(f"{chip.name}, {report['devices']} chips, {report['algorithm']}; modelled "
+          f"({chip.source})", file=out)
+    print(table(["message", "bf16", "int8", "speedup", "k", "int4", "speedup", "k"],
+                [[bytes_text(r["message_bytes"]), seconds_text(r["bf16_seconds"]),
+                 seconds_text(r["int8_seconds"]), f"{r['int8_speedup']:.2f}x",
+                 str(r["int8_num_chunks"]), seconds_text(r["int4_seconds"]),
+                 f"{r['int4_speedup']:.2f}x", str(r["int4_num_chunks"])] for r in rows]),
+          file=out)
+    print("crossover (quantized faster from): " + ", ".join(
+        f"{k} {bytes_text(v)}" for k, v in report["crossover_bytes"].items()) + " (the chip "
+        "figures carry no fixed cost of quantizing, so only block padding loses)", file=out)
+    print(table(["prefill (2048 tokens)", "matmuls", "AllReduce bf16", "int8", "speedup"],
+                [[r["model"], seconds_text(r["compute_s"]), seconds_text(r["bf16_allreduce_s"]),
+                 seconds_text(r["int8_allreduce_s"]), f"{r['speedup']:.2f}x"]
+                for r in report["prefill"]]), file=out)
+    print("matmuls at 50% of peak bf16 FLOP/s; the paper measured 1.1x (12B) and 1.25x (27B) "
+          "on TPU (EQuARX, arXiv 2506.17615).", file=out)
+    if args.json:
+        write_json(args.json, report)
+    if args.plot:
+        from ..viz import plot_speedup
+
+        save_figure(plot_speedup(report).figure, args.plot, out)
+    return 0
+
+
+
+def add_kernels(sub) -> None:
+    p = sub.add_parser("kernels", help=COMMANDS["kernels"][0],
+                       description="The Pallas ring AllReduce (impl='pallas') against the XLA "
+                       "path: bitwise equality and the race detector's count, in TPU interpret "
+                       "mode on CPU devices (a deliberately broken kernel must show races). On "
+                       "a TPU: the fused hop kernel's GB/s against XLA's hop and the chip's HBM "
+                       "bandwidth, measured on the chip. Without a TPU, no TPU figure.")
+    p.add_argument("--json", metavar="PATH", type=writable, default=None,
+                   help="write the report as JSON ('-' for stdout, then the text goes to stderr)")
+    p.set_defaults(func=cmd_kernels)
+
+
+def cmd_kernels(args) -> int:
+    from .. import devices
+    from ..runs import kernel_checks
+
+    out = sys.stderr if args.json == "-" else sys.stdout
+    devs = devices.setup_devices(8)
+    report = kernel_checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
+    if not report["tpu"]:
+        print(f"no TPU here ({devices.describe_devices(devs)}): the kernels ran in TPU "
+              "interpret mode (correctness and races only, no speed)", file=out)
+    rows = [[str(c["p"]), c["algorithm"], c["format"], str(c["num_chunks"]),
+             c["sabotage"] or "-", "yes" if c["bitwise"] else "NO",
+             "-" if c["races"] is None else str(c["races"])] for c in report["checks"]]
+    print(table(["p", "algorithm", "format", "pieces", "sabotage", "bitwise = xla", "races"],
+                rows), file=out)
+    print("the fused hop lowered for a TPU (Mosaic, checked from this machine):", file=out)
+    for name, status in report["lowering"].items():
+        print(f"  {name:>9}: {status}", file=out)
+    for t in report["timings"]:
+        hbm = "" if t["hbm_gbps"] is None else f", {t['kernel_gbps'] / t['hbm_gbps']:.0%} of HBM"
+        print(f"{t['chip']} fused hop {t['format']}: {t['kernel_gbps']:.0f} GB/s (XLA "
+              f"{t['xla_gbps']:.0f} GB/s{hbm}), bitwise {t['bitwise']}", file=out)
+    for name, error in report["timing_errors"].items():
+        print(f"fused hop {name} not timed on the chip: {error}", file=out)
+    if args.json:
+        write_json(args.json, report)
+    return 0

@@ -1,0 +1,114 @@
+"""How the command line ends, for every command: one line and a status, never a traceback.
+
+0 done; 1 a failed write (checked writable before the work, and the write itself checked: a
+full disk, a figure that could not be saved); 2 a bad argument; 130 Ctrl-C; 141 (or 0) when the
+reader of the output goes away. And `equarx-ref --help` imports no heavy module."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from equarx_ref import cli
+from equarx_ref.cli import options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+
+
+def _cli(*argv, **kw):
+    return subprocess.Popen([sys.executable, "-m", "equarx_ref.cli", *argv], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_help_imports_no_heavy_module():
+    code = ("import sys\nfrom equarx_ref import cli\ntry:\n    cli.main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint(' '.join(sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, check=True,
+                            capture_output=True, text=True).stdout.split("\n")[-2].split()
+    heavy = [m for m in loaded if m.split(".")[0] in ("matplotlib", "tqdm", "gguf", "tokenizers")
+             or m.startswith(("equarx_ref.gemma", "equarx_ref.kernels", "equarx_ref.viz",
+                              "equarx_ref.runs", "equarx_ref.multihost", "equarx_ref.outliers",
+                              "jax.experimental.pallas"))]
+    assert not heavy, heavy
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_ctrl_c_is_status_130_and_one_line(command, monkeypatch, capsys):
+    def interrupted(_args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli.command_module(command), f"cmd_{command}", interrupted)
+    assert cli.main([command]) == 130
+    assert _one_line(capsys.readouterr().err) == f"equarx-ref {command}: interrupted"
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_output_paths_are_checked_before_the_work(command, monkeypatch, capsys):
+    """Every output option of every command refuses a path it cannot write, at parse time."""
+    monkeypatch.setattr(cli.command_module(command), f"cmd_{command}",
+                        lambda _args: pytest.fail("the work started"))
+    parser = cli._parser([command])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    outputs = [a for a in sub._actions if a.type in (options.writable, options.figure_path)]
+    assert outputs, command
+    for action in outputs:
+        flag = action.option_strings[0]
+        for path in ("/no/such/dir/out.json", ROOT):  # a missing directory; a directory
+            with pytest.raises(SystemExit) as e:
+                cli.main([command, flag, path])
+            assert e.value.code == 2
+            assert "cannot write" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_a_failed_write_is_one_line_and_status_1(flag):
+    proc = _cli("model", flag, "/dev/full")  # a full disk: the write fails after the work
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, (out, err)
+    assert _one_line(err) == ("equarx-ref model: error: cannot write '/dev/full': No space "
+                              "left on device")
+
+
+def test_figure_types_are_checked_before_the_work(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["model", "--plot", "/tmp/speedup.txt"])
+    assert "cannot write a figure as .txt" in _one_line(capsys.readouterr().err)
+
+
+def test_a_figure_and_json_are_written(tmp_path, capsys):
+    assert cli.main(["model", "--plot", str(tmp_path / "s.svg"), "--json",
+                     str(tmp_path / "m.json")]) == 0
+    assert (tmp_path / "s.svg").read_text().lstrip().startswith("<?xml")
+    assert json.loads((tmp_path / "m.json").read_text())["modelled"] is True
+
+
+@pytest.mark.parametrize("shell", ["equarx-ref model | true",
+                                   "{ echo x; equarx-ref model; } | head -n 1",
+                                   "equarx-ref model --json - | head -c 10"])
+def test_a_closed_pipe_exits_quietly(shell, tmp_path):
+    run = f"{sys.executable} -m equarx_ref.cli"
+    script = f"set -o pipefail; {shell.replace('equarx-ref', run)}; echo status=$? >&2"
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    status = int(done.stderr.strip().splitlines()[-1].removeprefix("status="))
+    assert status in (0, 141), done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_during_a_real_demo():
+    proc = _cli("demo", "--devices", "2", "--size", "4096", "--repeats", "100000")
+    first = proc.stderr.readline()  # "  compiling ...": the work has started
+    assert "compiling" in first, first
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "equarx-ref demo: interrupted"  # after progress
