@@ -42,6 +42,8 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
                  "equarx_ref.outliers.collective", "equarx_ref.gemma.calibrate",
                  "equarx_ref.gemma.report"),
     "sweep": ("equarx_ref.runs.sweep",),
+    "train": ("equarx_ref.runs.train",),
+    "train-hops": ("equarx_ref.runs.train", "equarx_ref.runs.hopstats"),
     "multihost-100mbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "multihost-1gbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "multihost-loopback": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
