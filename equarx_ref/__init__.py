@@ -1,6 +1,6 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The library you read in an afternoon is five flat files, about 950 lines of code (the README's
+The library you read in an afternoon is five flat files, about 1,150 lines of code (the README's
 layout counts them): `formats.py` (what one number costs on the wire), `quantize.py` (block-wise
 quantization and the wire codec), `schedule.py` (who sends which chunk to whom, the algorithms
 and their rules, the one walk over a schedule), `collectives.py` (`all_reduce` and `AllReduce`:
