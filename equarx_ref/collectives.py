@@ -84,10 +84,10 @@ from .autodiff import check_tree_args, reduce_tree
 from .formats import Format
 from .models.cost import default_min_bytes
 from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
-from .quantize import Codec
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
 from .schedule import ALGORITHMS, RING_FAMILY, Schedule, check_algorithm, layout, make_schedule
+from .wire import Codec
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
 
@@ -95,7 +95,7 @@ __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invari
 IMPLS = ("xla", "pallas")
 
 
-# ---- what travels: one uint8 buffer per message (`quantize.Codec`) -----------------------
+# ---- what travels: one uint8 buffer per message (`wire.Codec`) ---------------------------
 
 
 class _Wire:
