@@ -16,7 +16,7 @@ from .common import ROOT, Section
 PKG = ROOT / "equarx_ref"
 
 #: The library read in an afternoon: flat at the top of the package, in reading order.
-CORE = ("formats", "quantize", "wire", "schedule", "collectives", "devices")
+CORE = ("formats", "quantize", "wire", "schedule", "collectives", "rules", "devices")
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above.
 LAYERS = (
@@ -25,7 +25,7 @@ LAYERS = (
     (("models", "remedies", "autodiff"),
      "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
     (("kernels",), "the Pallas TPU ring and fused hop"),
-    (("collectives",), "all_reduce and AllReduce: the executor"),
+    (("collectives", "rules"), "all_reduce and AllReduce: the executor; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
     (("runs", "viz", "data"), "what each command runs; every figure; stored results"),
