@@ -330,14 +330,14 @@ def _nearest_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax
     S = jnp.where(s > 0, s, jnp.inf)
     if fmt.scale_dtype == "bfloat16" and _midpoint_bits(fmt) + 8 <= 24:
         mid = (n + h) * (S if unit is None else S * unit)  # exact (or +-inf beyond f32)
-        beyond = jnp.where(h > 0, x > mid, x < mid)
+        beyond = ((h > 0) & (x > mid)) | ((h < 0) & (x < mid))  # no select of masks: Mosaic
         tie = x == mid
     else:
         head, tail = _split(S)
         if unit is not None:
             head, tail = head * unit, tail * unit  # exact
         d = ((x - n * head) - h * head) - (n + h) * tail  # the sign of x - m u s, exact
-        beyond = jnp.where(h > 0, d > 0, d < 0)
+        beyond = ((h > 0) & (d > 0)) | ((h < 0) & (d < 0))
         tie = d == 0
     c = n.astype(jnp.int32)
     c = c + jnp.where(beyond | (tie & ((c & 1) == 1)), jnp.where(h > 0, 1, -1), 0)
