@@ -28,9 +28,9 @@ COMMANDS = {
                   "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/floor mxfp6_e2m3 mxfp4 --remedies none "
                   "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
                   "--chip v5e --json equarx_ref/data/sweep.json",
-    # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "train.json": "equarx-ref train --no-progress --json equarx_ref/data/train.json",
     "train-hops.json": "equarx-ref train --hops --json equarx_ref/data/train-hops.json",
+    # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit --mib 32 {_MULTIHOST} "
                              "--repeats 3 --json equarx_ref/data/multihost-100mbit.json"),
     "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit --mib 32 {_MULTIHOST} "
