@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 import equarx_ref as eq
 from conftest import DEVICES
@@ -52,7 +53,9 @@ def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path,
     made = json.loads(out.read_text(encoding="utf-8"))
     assert list(made["variants"]) == ["f32 psum", "int8 ring"]
     assert "int8 ring" in capsys.readouterr().out
-    assert cli.main(["train", "--steps", "30", "--seeds", "1"]) == 2  # 25 steps an evaluation
+    with pytest.raises(SystemExit) as bad:  # refused before any work: 25 steps an evaluation
+        cli.main(["train", "--steps", "30", "--seeds", "1"])
+    assert bad.value.code == 2
     assert "multiple of 25" in capsys.readouterr().err
     run, hops = data.load("train"), data.load("train-hops")
     assert list(run["variants"]) == list(tr.VARIANTS)
