@@ -13,10 +13,12 @@
   the heading's id keeps it (`#5-the-packages` for `5-the-packages-all_reduce`): such a link is
   pointed at the one heading whose id it begins.
 - Repository URL: from pyproject's `[project.urls] Repository`, the one place it lives.
+- API pages' contents (the sidebar, with `toc.integrate`) list the page's sections and modules,
+  not every function and class of them (`API_TOC_LEVEL`); the members keep their anchors.
 
 As a script, from the repository root:
 
-    python docs/hooks.py refresh [FILE ...]   rerun the commands behind docs/data/*.json,
+    python docs/hooks.py refresh [FILE ...]   rerun the commands behind equarx_ref/data/*.json,
                                               then rewrite the README's tables from them
     python docs/hooks.py readme               only rewrite the README's tables
 """
@@ -80,6 +82,23 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     return MARKER.sub(lambda m: _section(m.group(1)).markdown, markdown)
+
+
+API_TOC_LEVEL = 2  # on docs/api/ pages, headings deeper than this stay out of the contents
+
+
+def on_page_context(context, page, config, nav):
+    if page.file.src_uri.startswith("api/"):
+        _prune(page.toc, API_TOC_LEVEL)
+    return context
+
+
+def _prune(items, level: int) -> None:
+    for item in items:
+        if item.level >= level:
+            item.children = []
+        else:
+            _prune(item.children, level)
 
 
 def on_post_page(output, page, config):

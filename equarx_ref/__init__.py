@@ -1,10 +1,11 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The library you read in an afternoon is five flat files, about 950 lines of code (the README's
-layout counts them): `formats.py` (what one number costs on the wire), `quantize.py` (block-wise
-quantization and the wire codec), `schedule.py` (who sends which chunk to whom, the algorithms
-and their rules, the one walk over a schedule), `collectives.py` (`all_reduce` and `AllReduce`:
-the schedules executed) and `devices.py` (real or simulated devices, meshes). Everything else
+The library you read in an afternoon is seven flat files, about 1,150 lines of code (the
+README's layout counts them): `formats.py` (what one number costs on the wire), `quantize.py`
+(block-wise quantization), `wire.py` (the bytes a collective sends: their layout and the codec),
+`schedule.py` (who sends which chunk to whom, the algorithms and their rules, the one walk over
+a schedule), `collectives.py` (`all_reduce` and `AllReduce`: the schedules executed), `rules.py`
+(their argument rules) and `devices.py` (real or simulated devices, meshes). Everything else
 sits in a folder named for its purpose: `models/`, `remedies/`, `kernels/`, `outliers/`,
 `gemma/`, `runs/`, `viz/`, `multihost/`, `cli/`; imports go one way (docs/contributing.md).
 

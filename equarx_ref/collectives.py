@@ -79,23 +79,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import count, flag
-from .autodiff import check_tree_args, reduce_tree
+from ._checks import count
+from .autodiff import reduce_tree
+from .devices import mesh_device_kind
 from .formats import Format
 from .models.cost import default_min_bytes
-from .models.hops import HOP_BITS, HopPlan, check_hop_bits, hop_plan
-from .quantize import Codec
+from .models.hops import HOP_BITS, HopPlan, hop_plan
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
-from .schedule import ALGORITHMS, RING_FAMILY, Schedule, check_algorithm, layout, make_schedule
+from .rules import IMPLS, check_axes, check_config, check_key
+from .schedule import ALGORITHMS, Schedule, layout, make_schedule
+from .wire import Codec
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
 
-#: How `all_reduce` executes a schedule: shard_map collectives, or one Pallas TPU kernel.
-IMPLS = ("xla", "pallas")
-
-
-# ---- what travels: one uint8 buffer per message (`quantize.Codec`) -----------------------
+# ---- what travels: one uint8 buffer per message (`wire.Codec`) ---------------------------
 
 
 class _Wire:
@@ -235,24 +233,6 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
 # ---- the public collective -----------------------------------------------------------------
 
 
-def _axes(axis_name) -> tuple[str, ...]:
-    """The axis, or the pair of axes in mesh order (ppermute numbers devices in mesh order)."""
-    axes = (axis_name,) if isinstance(axis_name, str) else \
-        tuple(axis_name) if isinstance(axis_name, (tuple, list)) else ()
-    if not axes or len(axes) > 2 or not all(isinstance(a, str) and a for a in axes) or \
-            len(set(axes)) != len(axes):
-        raise ValueError(f"axis_name must be a mesh axis name or a pair of distinct ones, "
-                         f"got {axis_name!r}")
-    names = tuple(jax.sharding.get_abstract_mesh().axis_names)
-    for a in axes:
-        try:
-            lax.axis_size(a)
-        except (NameError, KeyError, ValueError):
-            raise ValueError(f"unknown mesh axis {a!r} (axis_name); all_reduce runs inside "
-                             f"jax.shard_map over one of the mesh axes {names}") from None
-    return tuple(sorted(axes, key=names.index)) if set(axes) <= set(names) else axes
-
-
 def _mesh_axes(axes) -> tuple[str, ...]:
     """Those of `axes` that are mesh axes (shard_map's), not `vmap`'s or `pmap`'s."""
     names = set(jax.sharding.get_abstract_mesh().axis_names)
@@ -267,56 +247,6 @@ def invariant(x: jax.Array, axes) -> jax.Array:
     for a in axes:
         flat = _all_gather(flat, a, mesh_axes, axis=0, tiled=True)
     return flat.reshape(x.shape)
-
-
-def _check_key(key) -> None:
-    """A PRNG key: a typed key (`jax.random.key`) or a raw uint32[2] (`jax.random.PRNGKey`)."""
-    dtype = getattr(key, "dtype", None)
-    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
-    raw = dtype == jnp.uint32 and getattr(key, "shape", None) in ((2,), (4,))  # threefry, rbg
-    if not (typed and key.shape == ()) and not raw:
-        raise TypeError(f"key must be one jax.random.key (or PRNGKey) for stochastic rounding, "
-                        f"or None, got {key!r}")
-
-
-def _device_kind() -> str:
-    """The kind of the devices the collective runs on: the mesh's (inside shard_map), not the
-    default backend's. On a single-chip TPU runtime (free Colab) a ring runs on simulated CPU
-    devices, and must not be gated as if it crossed TPU links."""
-    try:
-        device = jax.sharding.get_abstract_mesh().abstract_device
-    except Exception:  # no mesh context, or a jax without abstract devices
-        device = None
-    kind = getattr(device, "device_kind", None)
-    return kind if kind else jax.devices()[0].device_kind
-
-
-def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
-    if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
-        what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
-        runs = " and ".join(map(repr, RING_FAMILY))
-        raise ValueError(f"impl='pallas' runs {runs} over one mesh axis, not {what}; "
-                         "use impl='xla'")
-    if impl == "pallas" and remedies:
-        raise ValueError("impl='pallas' runs round-to-nearest on one format per hop: key=, "
-                         "rotate=True and hop_bits='adaptive' need impl='xla'")
-
-
-def _check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bool,
-                  rotate: bool, hop_bits: str, impl: str, backward: str, bucket_bytes, dtype,
-                  shape=(1,), axes=("",)):
-    """The one rule set of `all_reduce` and `AllReduce` (which checks when built, before it
-    knows the mesh: `shape` and `axes` then stand for one axis). Each bad argument is refused
-    by name, whatever the others are (`min_bytes` even when fmt=None or "psum" ignores it).
-    Returns the buffer dtype (None: the leaves')."""
-    check_algorithm(algorithm, fmt, shape, num_chunks)
-    if min_bytes is not None:
-        count(min_bytes, "min_bytes", minimum=0)
-    _check_remedies(fmt, stochastic, rotate, hop_bits)
-    _check_impl(impl, algorithm, axes, remedies=stochastic or rotate or hop_bits != "uniform")
-    return check_tree_args(backward, bucket_bytes, dtype)
 
 
 def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
@@ -378,7 +308,7 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
             algorithm, torus or remedy it does not run. `AllReduce` applies the same rules
-            when built.
+            (`rules.py`) when built.
 
     Warns:
         InvariantInputWarning: under `check_vma=True`, a leaf typed invariant over the axis
@@ -386,10 +316,10 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             summing it multiplies it by p. The message names the fix.
     """
     if key is not None:
-        _check_key(key)
-    axes = _axes(axis_name)
+        check_key(key)
+    axes = check_axes(axis_name)
     shape = tuple(lax.axis_size(a) for a in axes)
-    dtype = _check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
+    dtype = check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
                           hop_bits, impl, backward, bucket_bytes, dtype, shape, axes)
 
     def reduce(flat: jax.Array, bucket: int | None) -> jax.Array:
@@ -409,7 +339,7 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         return invariant(x, axes)
     if fmt is not None:
         gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
-                                 device_kind=_device_kind()) \
+                                 device_kind=mesh_device_kind()) \
             if min_bytes is None else min_bytes
         fmt = None if x.nbytes < gate else fmt
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
@@ -422,21 +352,6 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
     return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
                 _mesh_axes(axes))
-
-
-def _check_remedies(fmt: Format | None, stochastic: bool, rotate, hop_bits) -> None:
-    """Refuse a remedy that has nothing to act on, or a bad value, naming the argument."""
-    flag(rotate, "rotate")
-    if hop_bits not in HOP_BITS:
-        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
-    if fmt is None and (stochastic or rotate or hop_bits != "uniform"):
-        what = "key (stochastic rounding)" if stochastic else \
-            "rotate=True" if rotate else f"hop_bits={hop_bits!r}"
-        raise ValueError(f"{what} acts on quantization: it needs a quantized fmt, got fmt=None")
-    check_hop_bits(hop_bits, fmt)
-    if rotate and fmt.block_size & (fmt.block_size - 1):
-        raise ValueError(f"rotate=True rotates each block with a Hadamard transform: the block "
-                         f"size must be a power of two, got {fmt.block_size}")
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9))
@@ -496,7 +411,7 @@ class AllReduce:
     def __post_init__(self):
         if self.stochastic_seed is not None:
             count(self.stochastic_seed, "stochastic_seed", minimum=0)
-        dtype = _check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
+        dtype = check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
                               self.stochastic_seed is not None, self.rotate, self.hop_bits,
                               self.impl, self.backward, self.bucket_bytes, self.dtype)
         object.__setattr__(self, "dtype", None if dtype is None else dtype.name)  # hashable

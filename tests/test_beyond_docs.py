@@ -8,7 +8,6 @@ read independently; and every stored file's command against the one the docs nam
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -117,7 +116,10 @@ def test_outlier_findings_state_the_goal_from_the_data():
 
 
 def _data(name: str):
-    return json.loads((ROOT / "docs" / "data" / name).read_text(encoding="utf-8"))
+    """A stored result (equarx_ref/data/NAME), as the package ships it."""
+    from equarx_ref import data
+
+    return data.load(name.removesuffix(".json"))
 
 
 def test_every_stored_command_is_the_one_the_docs_name():
@@ -125,7 +127,7 @@ def test_every_stored_command_is_the_one_the_docs_name():
     for name, command in commands.items():
         data = _data(name)
         if isinstance(data, dict) and "command" in data:
-            assert data["command"] == command, f"docs/data/{name} was made by another command"
+            assert data["command"] == command, f"equarx_ref/data/{name} was made by another command"
     assert "sweep.json" in commands and "outliers.json" in commands
 
 

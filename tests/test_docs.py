@@ -2,7 +2,7 @@
 
 `mkdocs build --strict`, then checks of the built HTML: every page, every public module and name
 in the API reference, every notebook listed, no nbval markers shown, nothing loaded from another
-host. The README's results tables are held equal to docs/data/*.json and its "Use" snippet is
+host. The README's results tables are held equal to equarx_ref/data/*.json and its "Use" snippet is
 run, its printed values compared with what its comments say.
 
 The browser tests serve the built site on loopback (`python -m http.server`), open pages in
@@ -79,6 +79,22 @@ def test_no_unfilled_markers_or_raw_placeholders(site):
     for html in site.rglob("*.html"):
         text = html.read_text(encoding="utf-8")
         assert "<!-- gen:" not in text, f"{html}: an unfilled generator marker"
+
+
+def test_api_pages_read_well(site):
+    """Signatures formatted and wrapped (ruff, line_length); the sidebar lists the page's
+    sections and modules, not every member."""
+    html = _page(site, "api/collectives")
+    links = re.findall(r'<a href="#([^"]+)" class="md-nav__link">', html)
+    assert "equarx_ref.collectives" in links and "equarx_ref.outliers" in links, links
+    modules = DIRECTIVE.findall((ROOT / "docs" / "api" / "collectives.md").read_text("utf-8"))
+    members = [a for a in links if a.startswith("equarx_ref.") and a not in modules]
+    assert not members, f"the API sidebar lists members: {members[:5]}"
+    assert 'id="equarx_ref.collectives.all_reduce"' in html  # the members keep their anchors
+    start = html.index("doc-signature", html.index('id="equarx_ref.collectives.AllReduce"'))
+    signature = re.sub(r"<[^>]+>", "", html[start:html.index("</code>", start)])
+    lines = signature.split("\n")
+    assert len(lines) > 5 and max(map(len, lines)) <= 90, signature
 
 
 def _public_modules() -> set[str]:
@@ -161,7 +177,10 @@ def _docs_gen(name: str):
 
 
 def _data(name: str):
-    return json.loads((ROOT / "docs" / "data" / name).read_text(encoding="utf-8"))
+    """A stored result (equarx_ref/data/NAME), as the package ships it."""
+    from equarx_ref import data
+
+    return data.load(name.removesuffix(".json"))
 
 
 def _cells(line: str) -> list[str]:
@@ -172,7 +191,7 @@ def test_readme_tables_are_rendered_from_the_data():
     text = README.read_text(encoding="utf-8")
     assert "<!-- gen:readme-demo -->" in text
     assert text == _docs_gen("readme").render(text), (
-        "README.md's results tables differ from docs/data/*.json: run `python docs/hooks.py "
+        "README.md's results tables differ from equarx_ref/data/*.json: run `python docs/hooks.py "
         "readme` (or `refresh` to measure anew)")
 
 
@@ -198,7 +217,7 @@ def test_readme_table_rows_agree_with_the_json():
 
 
 def test_stored_model_report_is_this_checkouts_model(tmp_path):
-    """docs/data/model-v5e.json (README, Results) is what `equarx-ref model` prints today: the
+    """equarx_ref/data/model-v5e.json (README, Results) is what `equarx-ref model` prints today: the
     time model changed? `python docs/hooks.py refresh model-v5e.json`."""
     from equarx_ref import cli
 
@@ -206,12 +225,13 @@ def test_stored_model_report_is_this_checkouts_model(tmp_path):
     assert cli.main(["model", "--chip", "v5e", "--json", str(fresh)]) == 0
     stored = _data("model-v5e.json")
     assert stored == json.loads(fresh.read_text(encoding="utf-8")), (
-        "docs/data/model-v5e.json is stale: run `python docs/hooks.py refresh model-v5e.json`")
+        "equarx_ref/data/model-v5e.json is stale: run "
+        "`python docs/hooks.py refresh model-v5e.json`")
 
 
 def test_readme_time_tables_agree_with_the_json():
     """Read independently of the generators: the model's rows and every stored multi-host row
-    (docs/data/multihost-*.json) have their README rows, with the same numbers."""
+    (equarx_ref/data/multihost-*.json) have their README rows, with the same numbers."""
     lines = [_cells(x) for x in README.read_text(encoding="utf-8").splitlines()
              if x.startswith("|")]
     report = _data("model-v5e.json")
@@ -226,14 +246,16 @@ def test_readme_time_tables_agree_with_the_json():
     for r in report["prefill"]:
         row = next(c for c in lines if c[0] == r["model"])
         assert f"{r['speedup']:.2f}x" in row, (r, row)
-    for path in sorted((ROOT / "docs" / "data").glob("multihost-*.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        assert f"`{result['command']}`" in README.read_text(encoding="utf-8"), path.name
+    from equarx_ref import data
+
+    for name in [n for n in data.names() if n.startswith("multihost-")]:
+        result = data.load(name)
+        assert f"`{result['command']}`" in README.read_text(encoding="utf-8"), name
         for r in result["results"]:
             found = [c for c in lines if c[:3] == [result["link"] or "loopback",
                                                    r["algorithm"], r["format"]]
                      and f"{r['seconds']:.3f} s" in c]
-            assert len(found) == 1, f"README: no row for {path.name} {r['algorithm']} {r['format']}"
+            assert len(found) == 1, f"README: no row for {name} {r['algorithm']} {r['format']}"
             assert f"{r['predicted_seconds']:.3f} s" in found[0]
             assert f"{r['speedup_vs_bf16']:.2f}x" in found[0]
 

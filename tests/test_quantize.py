@@ -12,11 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import equarx_ref as eq
-from equarx_ref.quantize import (
-    _apply_scale,
-    from_bytes,
-    to_bytes,
-)
+from equarx_ref.quantize import apply_scale
+from equarx_ref.wire import from_bytes, to_bytes
 
 FORMATS = {
     "int8": eq.Format.int8(),
@@ -39,7 +36,7 @@ def _roundtrip(fmt):
 def _scales_fn(fmt):
     def scales(x):
         q = eq.quantize(x, fmt)
-        return _apply_scale(jnp.ones((*q.payload.shape[:-1], 1)), q.scales, fmt)[:, 0]
+        return apply_scale(jnp.ones((*q.payload.shape[:-1], 1)), q.scales, fmt)[:, 0]
     return jax.jit(scales)
 
 

@@ -18,7 +18,7 @@ import pytest
 import reference as ref
 
 import equarx_ref as eq
-from equarx_ref.quantize import encode, to_bytes
+from equarx_ref.wire import encode, to_bytes
 
 FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "mxint8",
            "int8/f32", "int4/f32", "fp8_e4m3/f32", "int8/b8", "int8/b64", "int4/b16",

@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref.models import hops
-from equarx_ref.quantize import decode, encode
 from equarx_ref.remedies import rotation
+from equarx_ref.wire import decode, encode
 
 F = eq.Format.parse
 INT8, INT4 = eq.Format.int8(), eq.Format.int4()

@@ -96,7 +96,7 @@ def test_tpu_overlaps_pieces_only_when_pipelined():
 def test_overlap_as_recorded(topology):
     """The overlap chapter 05 shows is this compiler's: the int8 ring at num_chunks=4, compiled
     afresh, has the stored encodings inside each transfer (v5e: nearly all; v6e with libtpu
-    0.0.42.1: one transfer of 28), for the libtpu the record names."""
+    0.0.42.1: 4 transfers of 28), for the libtpu the record names."""
     old = next(c for c in _stored()["read_back"] if c["topology"] == topology
                and (c["algorithm"], c["format"], c["num_chunks"]) == ("ring", "int8", 4))
     if tpu_compile.libtpu_version() != _stored()["libtpu"]:

@@ -3,9 +3,11 @@
 import json
 
 import numpy as np
+import pytest
 
 import equarx_ref as eq
 from conftest import DEVICES
+from equarx_ref import cli, data
 from equarx_ref.runs import hopstats
 from equarx_ref.runs import train as tr
 
@@ -30,7 +32,6 @@ def test_small_run_pairs_seeds_and_counts_the_bytes_sent():
     # the same seeds start from the same parameters and batches: the first step's loss agrees
     assert np.isclose(q["runs"][0]["train_curve"][0], base["runs"][0]["train_curve"][0],
                       rtol=1e-2)
-    assert r["source_digest"] == tr.source_digest()
 
 
 def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
@@ -43,20 +44,21 @@ def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
     assert all(0.08 < x["uniform_flushed"] < 0.16 for x in rows), rows
 
 
-def test_write_makes_both_files_and_the_stored_run_is_complete(tmp_path):
-    """write() makes the two files stored() reads, each with its command and digest; the
-    shipped run holds every variant, its bytes equal to the HLO's."""
-    made = tr.write(tmp_path, variants=["int8 ring"], progress=None, devices=DEVICES,
-                    config=tr.TrainConfig(steps=10, seeds=1, batch=64, eval_every=10))
-    for name in tr.FILES:
-        on_disk = json.loads((tmp_path / name).read_text(encoding="utf-8"))
-        assert on_disk == json.loads(json.dumps(made[name]))
-        assert on_disk["command"] == tr.COMMAND
-        assert on_disk["source_digest"] == tr.source_digest()
-    assert list(made["train.json"]["variants"]) == ["f32 psum", "int8 ring"]
-    assert list(made["train-hops.json"]["steps"]) == ["0"]
-    run, hops = tr.stored(), tr.stored("train-hops.json")
-    assert run["command"] == hops["command"] == tr.COMMAND
+def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path, capsys):
+    """`equarx-ref train` prints the table and writes the report; the two stored results (the
+    run and the hop table, package data) hold every variant, its bytes equal to the HLO's."""
+    out = tmp_path / "train.json"
+    assert cli.main(["train", "--variants", "int8 ring", "--steps", "25", "--seeds", "1",
+                     "--no-progress", "--json", str(out)]) == 0
+    made = json.loads(out.read_text(encoding="utf-8"))
+    assert list(made["variants"]) == ["f32 psum", "int8 ring"]
+    assert "int8 ring" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:  # refused before any work: 25 steps an evaluation
+        cli.main(["train", "--steps", "30", "--seeds", "1"])
+    assert bad.value.code == 2
+    assert "multiple of 25" in capsys.readouterr().err
+    run, hops = data.load("train"), data.load("train-hops")
     assert list(run["variants"]) == list(tr.VARIANTS)
     assert all(r["wire_bytes"] == r["hlo_wire_bytes"] for r in run["variants"].values())
     assert len(hops["steps"]["300"]) == run["config"]["devices"]
+    assert data.command("train").startswith("equarx-ref train")

@@ -7,7 +7,7 @@ here makes the sections of one source:
 - `course`: the notebooks in notebooks/ (the nav's Course section and the home page's list);
 - `concepts`: tables and figures computed by the package itself when the site is built;
 - `demo`, `bench`, `gemma`, `model`, `beyond` (sweep.json, outliers.json): the stored JSON
-  output of a command that was run (docs/data/*.json; `commands` lists the command behind each
+  output of a command that was run (equarx_ref/data/*.json; `commands` lists the command behind each
   file and reruns them);
 - `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
   its command, which `refresh` leaves alone);

@@ -1,8 +1,8 @@
 """Beyond int8 on the site and in the README: the map (sweep.json) and static int4 (outliers.json).
 
-`equarx-ref sweep` wrote docs/data/sweep.json: every device count x algorithm x format x remedy
-on Gaussian inputs and on inputs with outlier features, bytes per value, relative error, the
-Pareto front and a modelled speedup. `equarx-ref outliers` wrote docs/data/outliers.json: the
+`equarx-ref sweep` wrote equarx_ref/data/sweep.json: every device count x algorithm x format x
+remedy on Gaussian inputs and on inputs with outlier features, bytes per value, relative error, the
+Pareto front and a modelled speedup. `equarx-ref outliers` wrote equarx_ref/data/outliers.json: the
 Gemma 3 quality table of static int4 with bf16 outlier features beside the dynamic formats,
 bits and bytes per row, the calibration, per-feature ranges of a few sites, and an
 outlier-count sweep. The figures are the package's own (`viz.plot_sweep`,

@@ -1,41 +1,47 @@
-"""The commands whose stored output the site shows: one per file in docs/data/.
+"""The commands whose stored output the site shows: one per file in equarx_ref/data/.
 
-Each file is the verbatim JSON a command wrote, run from the repository root. The pages print
-the command beside what it made; `refresh` reruns them (`python docs/hooks.py refresh [FILE...]`)
-with this Python, so the package of this checkout is the one measured.
+Each file holds the verbatim JSON a command wrote, run from the repository root, inside the
+envelope `equarx_ref.data` reads (the command, the jax and Python it ran with, the modules that
+produced it and their digest: `provenance`). The pages print the command beside what it made;
+`refresh` reruns them (`python docs/hooks.py refresh [FILE...]`) with this Python, so the
+package of this checkout is the one measured, and stamps each file.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
 
+from . import provenance
 from .common import ROOT
 
 _MULTIHOST = "--algorithms ring bidir_ring two_shot --formats bf16 int8 int4"
 COMMANDS = {
-    "demo.json": "equarx-ref demo --json docs/data/demo.json",
-    "bench.json": "equarx-ref bench --json docs/data/bench.json",
-    "gemma.json": "equarx-ref gemma --no-progress --json docs/data/gemma.json",
-    "model-v5e.json": "equarx-ref model --chip v5e --json docs/data/model-v5e.json",
-    "outliers.json": "equarx-ref outliers --no-progress --json docs/data/outliers.json",
+    "demo.json": "equarx-ref demo --json equarx_ref/data/demo.json",
+    "bench.json": "equarx-ref bench --json equarx_ref/data/bench.json",
+    "gemma.json": "equarx-ref gemma --no-progress --json equarx_ref/data/gemma.json",
+    "model-v5e.json": "equarx-ref model --chip v5e --json equarx_ref/data/model-v5e.json",
+    "outliers.json": "equarx-ref outliers --no-progress --json equarx_ref/data/outliers.json",
     "sweep.json": "equarx-ref sweep --p 2 4 8 16 --algorithms ring bidir_ring two_shot one_shot "
                   "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/floor mxfp6_e2m3 mxfp4 --remedies none "
                   "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
-                  "--chip v5e --json docs/data/sweep.json",
+                  "--chip v5e --json equarx_ref/data/sweep.json",
+    "train.json": "equarx-ref train --no-progress --json equarx_ref/data/train.json",
+    "train-hops.json": "equarx-ref train --hops --json equarx_ref/data/train-hops.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit --mib 32 {_MULTIHOST} "
-                             "--repeats 3 --json docs/data/multihost-100mbit.json"),
+                             "--repeats 3 --json equarx_ref/data/multihost-100mbit.json"),
     "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit --mib 32 {_MULTIHOST} "
-                             "--repeats 5 --json docs/data/multihost-1gbit.json"),
+                             "--repeats 5 --json equarx_ref/data/multihost-1gbit.json"),
     "multihost-loopback.json": (f"equarx-ref bench --hosts 4 --mib 32 {_MULTIHOST} "
-                             "--repeats 3 --json docs/data/multihost-loopback.json"),
+                             "--repeats 3 --json equarx_ref/data/multihost-loopback.json"),
 }
 
 
 def command_block(name: str) -> str:
-    """The command behind docs/data/NAME, as a bash block to show above its table."""
+    """The command behind equarx_ref/data/NAME, as a bash block to show above its table."""
     return f"```bash\n{COMMANDS[name]}\n```"
 
 
@@ -44,7 +50,8 @@ ON_REQUEST = frozenset(name for name in COMMANDS if name.startswith("multihost-"
 
 
 def refresh(names: list[str]) -> None:
-    """Rerun the commands behind docs/data/*.json (all but `ON_REQUEST`, or the files named)."""
+    """Rerun the commands behind equarx_ref/data/*.json (all but `ON_REQUEST`, or the files
+    named) and stamp each output with its provenance."""
     unknown = sorted(set(names) - set(COMMANDS))
     if unknown:
         raise SystemExit(f"no command makes {unknown}; known: {sorted(COMMANDS)}")
@@ -53,3 +60,6 @@ def refresh(names: list[str]) -> None:
         argv = shlex.split(COMMANDS[name])
         assert argv[0] == "equarx-ref", argv
         subprocess.run([sys.executable, "-m", "equarx_ref.cli", *argv[1:]], cwd=ROOT, check=True)
+        stem = name.removesuffix(".json")
+        result = json.loads(provenance.path(stem).read_text(encoding="utf-8"))
+        provenance.write(stem, provenance.stamp(stem, COMMANDS[name], result))

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "docs" / "data"
 
 
 @dataclasses.dataclass
@@ -38,12 +36,10 @@ def png(fig) -> bytes:
 
 
 def load(name: str):
-    """The stored JSON output docs/data/NAME, or a clear error saying how to make it."""
-    path = DATA / name
-    if not path.is_file():
-        raise FileNotFoundError(f"docs: {path} is missing; make it with "
-                                f"`python docs/hooks.py refresh {name}`")
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The stored output NAME (e.g. "demo.json") of a command, as `equarx_ref.data` ships it."""
+    from equarx_ref import data
+
+    return data.load(name.removesuffix(".json"))
 
 
 def repo_url() -> str:

@@ -1,4 +1,4 @@
-"""`equarx-ref demo` on the site: every collective side by side, from docs/data/demo.json.
+"""`equarx-ref demo` on the site: every collective side by side, from equarx_ref/data/demo.json.
 
 The rows are `equarx_ref.runs.demo.Row`s as the command wrote them; the figures are the
 package's own (`equarx_ref.viz`), the ones `equarx-ref demo --plot` saves.

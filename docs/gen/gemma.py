@@ -46,7 +46,7 @@ def cell(template: str, row: dict) -> str:
     try:
         return template.format(**fields(row))
     except KeyError as e:
-        raise KeyError(f"docs/data/gemma.json: its rows have no field {e}; rerun "
+        raise KeyError(f"equarx_ref/data/gemma.json: its rows have no field {e}; rerun "
                        f"`{COMMANDS['gemma.json']}`") from None
 
 

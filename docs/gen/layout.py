@@ -16,16 +16,16 @@ from .common import ROOT, Section
 PKG = ROOT / "equarx_ref"
 
 #: The library read in an afternoon: flat at the top of the package, in reading order.
-CORE = ("formats", "quantize", "schedule", "collectives", "devices")
+CORE = ("formats", "quantize", "wire", "schedule", "collectives", "rules", "devices")
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above.
 LAYERS = (
     (("formats", "devices", "_checks"), "the element grids and formats; the mesh"),
-    (("quantize", "schedule"), "the quantizer and its wire codec; who sends what, when"),
+    (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
     (("models", "remedies", "autodiff"),
      "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
     (("kernels",), "the Pallas TPU ring and fused hop"),
-    (("collectives",), "all_reduce and AllReduce: the executor"),
+    (("collectives", "rules"), "all_reduce and AllReduce: the executor; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
     (("runs", "viz", "data"), "what each command runs; every figure; stored results"),
@@ -75,11 +75,18 @@ def folders() -> list[tuple[str, list[tuple[str, int]], str]]:
     return out
 
 
+def _number(n: int) -> str:
+    """A small count in words, as prose writes it."""
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    return words[n] if n < len(words) else str(n)
+
+
 def readme_block() -> str:
     """The README's layout: the core with its sizes, then each folder's files."""
     rows = core()
     lines, code = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    out = [f"The core, the library you read in an afternoon: five files, {lines:,} lines "
+    out = [f"The core, the library you read in an afternoon: {_number(len(rows))} files, "
+           f"{lines:,} lines "
            f"({code:,} of code, without essays, docstrings and comments).", "",
            "| core | lines | code | what |", "| --- | ---: | ---: | --- |"]
     out += [f"| `equarx_ref/{f}` | {n} | {c} | {what} |" for f, n, c, what in rows]

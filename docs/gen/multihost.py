@@ -1,5 +1,5 @@
 """`equarx-ref bench --hosts` on the site and in the README: 4 processes on capped links,
-measured against the time model, from docs/data/multihost-*.json.
+measured against the time model, from equarx_ref/data/multihost-*.json.
 
 Each file is the JSON the command wrote, and names that command (`"command"`): it needs root
 (network namespaces) and minutes, so `python docs/hooks.py refresh` does not rerun it; run the
@@ -8,9 +8,7 @@ command it names. Until a file is stored the section says so instead of a table.
 
 from __future__ import annotations
 
-import json
-
-from .common import DATA, Section, png, table
+from .common import Section, png, table
 
 #: Benchmark targets of the multi-host run (issue "Speed"), 4 hosts, 32 MiB per host.
 TARGETS = {("100mbit", "ring", "int8"): 1.7, ("100mbit", "ring", "int4"): 2.8}
@@ -25,7 +23,9 @@ def _rate(link: str | None) -> float:
 
 def runs() -> list[dict]:
     """The stored runs, slowest link first."""
-    found = [json.loads(p.read_text(encoding="utf-8")) for p in DATA.glob("multihost-*.json")]
+    from equarx_ref import data
+
+    found = [data.load(n) for n in data.names() if n.startswith("multihost-")]
     return sorted(found, key=lambda r: _rate(r.get("link")))
 
 
@@ -74,9 +74,8 @@ def verdicts(result: dict) -> str:
 
 
 def _missing() -> str:
-    return ("No multi-host run is stored yet (`docs/data/multihost-*.json`). As root: "
-            "`equarx-ref bench --hosts 4 --link 100mbit --mib 32 --json "
-            "docs/data/multihost-100mbit.json` (and `--link 1gbit`).")
+    return ("No multi-host run is stored yet (`equarx_ref/data/multihost-*.json`). As root: "
+            "`python docs/hooks.py refresh multihost-100mbit.json` (and `multihost-1gbit.json`).")
 
 
 def _notes() -> str:

@@ -1,4 +1,4 @@
-"""The README's generated blocks: its results tables, made from docs/data/*.json like the
+"""The README's generated blocks: its results tables, made from equarx_ref/data/*.json like the
 site's, and its install instructions, made by notebooks/nbtool.py like the notebooks' cell.
 
 The README marks each generated block `<!-- gen:readme-NAME -->` ... `<!-- /gen:readme-NAME -->`;

@@ -7,9 +7,12 @@ write carries a vector clock, so two accesses to one buffer that no semaphore or
 reported, whether or not they collided in this run.
 
 The detector keeps its result in jax's private module state (`races.races_found`, a flag) and
-reports each race as a "RACE DETECTED" text: jax 0.10 prints it, jax 0.12 logs it as a warning
+reports each race as a "RACE DETECTED" text: jax 0.10 prints it; jax 0.12 logs it as a warning
 (with `on_race="warn"`, which `interpret_params` sets; its default, "raise", stops the kernel at
-the first race). `RaceLog` resets the state, captures the reports either way and counts them.
+the first race), a read race through its module's logger and a write race through the root
+logger (`logging.warning`). `RaceLog` resets the state and captures the reports whichever way
+they come: stdout, and a filter on the root logger and on every logger under `jax` that takes
+each "RACE DETECTED" record and keeps it from any handler, so none reaches the screen.
 Where the state lives moved between jax versions; `_race_state` looks where each supported
 version keeps it and says so clearly when it cannot find it.
 """
@@ -27,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 __all__ = ["RaceLog", "interpret_params", "on_tpu", "race_detecting"]
 
-_LOGGER = "jax._src.pallas.mosaic.interpret"  # jax >= 0.11 logs races here (warn mode)
+_MARK = "RACE DETECTED"  # how every report begins, printed or logged
 
 _RACE_MODULES = (  # where jax keeps the interpreter's shared state, newest first
     "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
@@ -98,7 +101,8 @@ class RaceLog:
     """`with RaceLog() as log: ...run kernels...`; then `log.count`, `log.found`, `log.reports`.
 
     Resets interpret mode's shared state on entry (also after a failed kernel, which leaves it
-    set) and captures the detector's reports from stdout.
+    set) and captures the detector's reports from stdout and from logging (module essay); each
+    report is one string starting "RACE DETECTED", naming the two unordered accesses.
     """
 
     def __init__(self):
@@ -106,20 +110,37 @@ class RaceLog:
         self.found = False
         self._out = io.StringIO()
         self._redirect = contextlib.redirect_stdout(self._out)
-        self._handler = logging.StreamHandler(self._out)
-        self._logger = logging.getLogger(_LOGGER)
+        self._logged: list[str] = []
+        self._loggers: list[logging.Logger] = []
+        self._quiet = logging.NullHandler()  # so logging.warning does not call basicConfig
+
+    def _take(self, record: logging.LogRecord) -> bool:
+        """A logging filter: keep a race report for us (False: no handler sees it)."""
+        message = record.getMessage()
+        if _MARK in message:
+            self._logged.append(message)
+            return False
+        return True
 
     def __enter__(self) -> RaceLog:
         pltpu.reset_tpu_interpret_mode_state()
         self._redirect.__enter__()
-        self._logger.addHandler(self._handler)
+        # A filter on a logger sees only records logged there, not those its children pass up:
+        # put it on the root logger and on every logger jax has made.
+        names = [n for n in logging.Logger.manager.loggerDict if n.split(".")[0] == "jax"]
+        self._loggers = [logging.getLogger(), *map(logging.getLogger, names)]
+        for logger in self._loggers:
+            logger.addFilter(self._take)
+        logging.getLogger().addHandler(self._quiet)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._logger.removeHandler(self._handler)
+        logging.getLogger().removeHandler(self._quiet)
+        for logger in self._loggers:
+            logger.removeFilter(self._take)
         self._redirect.__exit__(*exc)
-        text = self._out.getvalue()
-        self.reports = ["RACE DETECTED" + r for r in text.split("RACE DETECTED")[1:]]
+        text = "".join(self._logged) + self._out.getvalue()
+        self.reports = [_MARK + r for r in text.split(_MARK)[1:]]
         races = _race_state().races
         self.found = bool(self.reports) or bool(races is not None and races.races_found)
         pltpu.reset_tpu_interpret_mode_state()

@@ -11,7 +11,7 @@ bytes in, and (bits_per_element / 8) bytes out: for int8 and bf16 inputs 1.06 + 
 4.1 bytes, so at HBM bandwidth B the hop can run at most at B / 4.1 values per second. That
 bound is what `kernels.measure` compares the kernel's GB/s against on a TPU.
 
-The kernel body calls the package's own `quantize.encode` and `quantize.decode` on the values
+The kernel body calls the package's own `wire.encode` and `wire.decode` on the values
 it loaded, so it is bitwise the XLA path for every format by construction (tested for int8,
 int4, fp8 and MX formats in interpret mode). That code is written for Mosaic, the TPU kernel
 compiler, which refuses bitcasts between types of different widths, compares and shifts on
@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 
 from .._checks import array, count, value_dtype
 from ..formats import Format
-from ..quantize import Codec, decode, encode
+from ..wire import Codec, decode, encode
 from . import backend
 
 __all__ = ["fused_hop", "hop_reference", "wire_codec"]

@@ -45,7 +45,7 @@ keeps exactly dequantize(quantize(sum)), bitwise what the others get, as on the 
 "bidir_ring" runs two such lanes at once, chunks 0..p-1 clockwise and p..2p-1 counter-clockwise,
 each with its own slots and semaphores.
 
-Numerics: the fused hop calls the package's `quantize.encode` and `decode` on the values inside
+Numerics: the fused hop calls the package's `wire.encode` and `decode` on the values inside
 the kernel (see hop.py), so every message is bitwise the XLA path's message and the result is
 bitwise `impl="xla"`'s.
 

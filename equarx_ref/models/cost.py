@@ -51,8 +51,8 @@ import jax.numpy as jnp
 
 from .._checks import count, number, value_dtype
 from ..formats import Format
-from ..quantize import encoded_bytes
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
+from ..wire import encoded_bytes
 
 __all__ = ["CHIPS", "DEVICE_KINDS", "Chip", "as_chip", "best_num_chunks", "crossover_bytes",
            "default_min_bytes", "phases", "predicted_time", "timeline"]

@@ -21,8 +21,8 @@ import math
 
 from .._checks import count, value_dtype
 from ..formats import Format
-from ..quantize import encoded_bytes
 from ..schedule import check_algorithm, device_shape, layout, make_schedule
+from ..wire import encoded_bytes
 from .error import uniform_relative_error
 from .hops import HOP_BITS, hop_plan, plan_relative_error, step_weights
 

@@ -126,13 +126,16 @@ class _Run:
     def wait(self, progress=None, names=None) -> None:
         """Until every worker exits; worker 0's "progress" lines go to `progress`. The first
         worker to fail ends the wait at once: RuntimeError naming it (`names[i]`) with the
-        end of its log (PortTaken when it is the coordinator failing to bind)."""
+        end of its log (PortTaken when it is the coordinator failing to bind). Of workers found
+        failed together, one killed by a signal is named first: the others failed because it
+        went away."""
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in self.workers[0].stdout],
                          daemon=True).start()
         while True:
             codes = [w.poll() for w in self.workers]
-            failed = [i for i, c in enumerate(codes) if c]
+            # a worker killed by a signal is the cause: its peers then fail on the broken link
+            failed = sorted((i for i, c in enumerate(codes) if c), key=lambda i: (codes[i] > 0, i))
             if failed:
                 i = failed[0]
                 name = names[i] if names else f"worker {i}"

@@ -63,8 +63,8 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
 
     from ..collectives import all_reduce
     from ..formats import parse_format
-    from ..quantize import encoded_bytes
     from ..schedule import layout, make_schedule
+    from ..wire import encoded_bytes
 
     fmt, p = parse_format(fmt_name), mesh.shape["h"]
     reduce = jax.jit(jax.shard_map(
@@ -133,8 +133,8 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from ..formats import UNQUANTIZED, parse_format
     from ..models.hlo import hlo_wire_bytes
     from ..models.predict import wire_bytes
-    from ..quantize import decode, encode
     from ..runs.timing import time_calls
+    from ..wire import decode, encode
 
     p = spec["hosts"]
     if jax.process_count() != p or jax.local_device_count() != 1:

@@ -13,7 +13,7 @@ needs.
 
 Outliers. At each site the `k = floor(E / 64)` features whose range `sum_d (hi - lo)` is largest
 travel as bfloat16 (`select_outliers`; 10 of Gemma 3 270M's 640). The paper's observation, which
-`docs/data/outliers.json` shows for Gemma: those features are the same for every token, so the
+`equarx_ref/data/outliers.json` shows for Gemma: those features are the same for every token, so the
 choice can be static. The trade-off: a static range is a typical one (the moving average), not
 the extreme one, so what falls outside it clips (`wire.py`).
 

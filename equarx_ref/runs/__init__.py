@@ -4,10 +4,10 @@
   (quantizer throughput against a plain pass over memory);
 - `sweep.py`: `equarx-ref sweep`, the map of bits on the wire against error;
 - `kernel_checks.py`: `equarx-ref kernels`, the Pallas kernels against `impl="xla"`.
-- `train.py`: data-parallel training with quantized gradient AllReduces (chapter 08), its
-  results stored in `data/` (`train.write`, `train.stored`); `hopstats.py`: the partial sums
-  a ring quantizes, hop by hop, on those gradients.
+- `train.py`: `equarx-ref train`, data-parallel training with quantized gradient AllReduces
+  (chapter 08; its stored results are `equarx_ref.data`'s "train" and "train-hops");
+  `hopstats.py`: the partial sums a ring quantizes, hop by hop, on those gradients.
 
 The multi-host run (`equarx-ref bench --hosts`) is `multihost/`, Gemma's quality and
-calibration runs are in `gemma/`. The CLI (`cli.py`) only parses, calls one of these and prints.
+calibration runs are in `gemma/`. The CLI (`cli/`) only parses, calls one of these and prints.
 """

@@ -28,7 +28,7 @@ import numpy as np
 from ..formats import Format, format_label
 from ..kernels import backend
 from ..kernels.hop import fused_hop, hop_reference
-from ..quantize import encode
+from ..wire import encode
 from .timing import medians, time_calls
 
 __all__ = ["HopTiming", "KernelCheck", "check", "measure_hop", "report"]

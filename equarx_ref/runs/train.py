@@ -33,12 +33,8 @@ library, so it takes no dependency for it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
-from importlib import resources
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +48,10 @@ from ..gemma.calibtext import CALIB_TEXT  # plain text: the model's own modules 
 from ..gemma.evaltext import EVAL_TEXT
 from .hopstats import hop_table
 
-__all__ = ["BASELINE", "COMMAND", "FILES", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
+__all__ = ["BASELINE", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
            "baseline_gradients", "char_windows", "experiment_data", "gradient_tell",
            "hop_statistics", "init_params", "loss_fn", "reduce_gradients", "seed_inputs",
-           "source_digest", "stored", "summarize", "train", "write"]
+           "summarize", "train"]
 
 INT4 = Format.int4()
 #: The variants: `all_reduce` keywords ("sr": stochastic rounding with a key per step).
@@ -329,8 +325,7 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
     return summarize({"config": {**cfg.as_dict(), "devices": p, "parameters": n,
                                  "vocab": data["vocab_size"], "train_chars": len(tr[1]),
                                  "val_chars": len(va[1])},
-                      "variants": rows, "seconds": round(time.perf_counter() - t0, 1),
-                      "source_digest": source_digest()})
+                      "variants": rows, "seconds": round(time.perf_counter() - t0, 1)})
 
 
 def _rank(v: np.ndarray) -> np.ndarray:
@@ -359,22 +354,6 @@ def summarize(report: dict) -> dict:
     return report
 
 
-def source_digest() -> str:
-    """sha256 (16 hex) of the package sources this run executes: the core modules, the
-    models, the remedies, the texts, hopstats and this module (not the CLI, the docs, Gemma's
-    model or the kernels)."""
-    root = Path(__file__).resolve().parent.parent
-    skip = ("cli", "viz", "multihost", "outliers", "kernels", "runs", "gemma")
-    files = [f for f in sorted(root.rglob("*.py"))
-             if f.relative_to(root).parts[0] not in skip]
-    files += [root / "gemma" / "calibtext.py", root / "gemma" / "evaltext.py",
-              root / "runs" / "hopstats.py", Path(__file__)]
-    h = hashlib.sha256()
-    for f in files:
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def hop_statistics(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
                    fmt: Format | None = None, devices=None) -> dict:
     """Train the f32 baseline (seed `seed`) and tabulate `hopstats.hop_table` of its
@@ -384,45 +363,4 @@ def hop_statistics(config: TrainConfig | None = None, *, at=(0, 100, 300), seed:
     steps = {str(step): hop_table(grads, fmt)
              for step, grads in baseline_gradients(config, at=at, seed=seed, devices=devices)}
     return {"format": str(fmt), "devices": len(devices), "at": list(at), "seed": seed,
-            "steps": steps, "source_digest": source_digest()}
-
-
-#: The stored results, package data read by chapter 08: the training run and the hop table.
-FILES = ("train.json", "train-hops.json")
-#: The command that makes them (the `equarx-ref train` subcommand will call `write`).
-COMMAND = "python -m equarx_ref.runs.train"
-
-
-def write(directory: str | Path | None = None, *, variants: list[str] | None = None,
-          config: TrainConfig | None = None, devices=None, progress=print) -> dict[str, dict]:
-    """Run `train` (every variant, or `variants`) and `hop_statistics`, and write both as JSON
-    (`FILES`) into `directory` (default: the package's `runs/data/`, where `stored` reads
-    them). Returns them by file name. Each carries its command and the source digest."""
-    out = Path(directory) if directory is not None else Path(__file__).with_name("data")
-    out.mkdir(parents=True, exist_ok=True)
-    made = {FILES[0]: train(variants, config=config, devices=devices, progress=progress),
-            FILES[1]: hop_statistics(config, devices=devices)}
-    for name, report in made.items():
-        report = {"command": COMMAND, **report}
-        (out / name).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        made[name] = report
-        if progress:
-            progress(f"wrote {out / name}")
-    return made
-
-
-def stored(name: str = FILES[0]) -> dict:
-    """A stored result shipped with the package (`FILES`), as `write` made it."""
-    if name not in FILES:
-        raise ValueError(f"no stored result {name!r}; choose one of {FILES}")
-    return json.loads(resources.files(__package__).joinpath("data", name)
-                      .read_text(encoding="utf-8"))
-
-
-if __name__ == "__main__":
-    import sys
-
-    from ..devices import setup_devices
-
-    setup_devices(8)
-    write(sys.argv[1] if len(sys.argv) > 1 else None)
+            "steps": steps}

@@ -12,7 +12,7 @@ every figure, so a point means the same thing on every page.
   multi-host run, for the CLI (`--plot`), the docs and the course alike.
 - `equarx-ref sweep`: `plot_sweep`, the map of error against bytes per value, Pareto front drawn.
 - `equarx-ref outliers`: `plot_feature_ranges`, calibrated per-feature ranges
-  (`gemma.calibrate.feature_ranges`, stored in docs/data/outliers.json): each site's features
+  (`gemma.calibrate.feature_ranges`, stored in equarx_ref/data/outliers.json): each site's features
   sorted widest first, over the site's median, the ones kept in bf16 marked.
 
 Drawing only: every number drawn comes from the rows given.
@@ -49,13 +49,18 @@ def plot_bytes_error(rows, ax=None):
 
     x: bytes one device sent (compiled HLO) over the unquantized bf16 ring's, so 1/2 is half
     the traffic; y: relative error against the exact sum. Colour: wire format; marker:
-    algorithm. Lower left is better.
+    algorithm. Lower left is better. Algorithms that send the same bytes with the same error
+    (ring and bidir_ring) would hide each other: each algorithm's markers are drawn a few
+    percent apart along x (a dodge; the ticks are powers of two).
     """
     rows, ax = checks.items(rows, "rows"), checks.axes(ax, (6.4, 3.8))
     colors = _colors(r.format for r in rows)
+    algorithms = list(dict.fromkeys(r.algorithm for r in rows))
+    dodge = {a: 2 ** (0.06 * (i - (len(algorithms) - 1) / 2)) for i, a in enumerate(algorithms)}
     for r in rows:
-        ax.scatter(1 / r.byte_ratio, max(r.rel_error, 1e-8), color=colors[r.format],
-                   marker=MARKERS.get(r.algorithm, "o"), s=50, alpha=0.85)
+        ax.scatter(dodge[r.algorithm] / r.byte_ratio, max(r.rel_error, 1e-8),
+                   color=colors[r.format], marker=MARKERS.get(r.algorithm, "o"), s=50,
+                   alpha=0.85)
     ax.set_xscale("log", base=2)
     lo, hi = (f(1 / r.byte_ratio for r in rows) for f in (min, max))
     ticks = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)]
@@ -67,7 +72,7 @@ def plot_bytes_error(rows, ax=None):
     key = lambda **kw: Line2D([], [], ls="", ms=7, **kw)  # noqa: E731
     handles = ([key(marker="o", color=c, label=f) for f, c in colors.items()]
                + [key(marker=MARKERS.get(a, "o"), color="k", mfc="none", label=a)
-                  for a in dict.fromkeys(r.algorithm for r in rows)])
+                  for a in algorithms])
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     return ax
 
