@@ -1,13 +1,15 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The library you read in an afternoon is seven flat files, about 1,150 lines of code (the
-README's layout counts them): `formats.py` (what one number costs on the wire), `quantize.py`
-(block-wise quantization), `wire.py` (the bytes a collective sends: their layout and the codec),
+The library you read in an afternoon is ten flat files, about 1,180 lines of code (the README's
+layout counts them): `formats.py` (what one number costs on the wire), `elements.py` (element
+codes and their packing), `scales.py` (one scale per block, exactly), `quantize.py` (block-wise
+quantization), `wire.py` (the bytes a collective sends: their layout and the codec),
 `schedule.py` (who sends which chunk to whom, the algorithms and their rules, the one walk over
-a schedule), `collectives.py` (`all_reduce` and `AllReduce`: the schedules executed), `rules.py`
-(their argument rules) and `devices.py` (real or simulated devices, meshes). Everything else
-sits in a folder named for its purpose: `models/`, `remedies/`, `kernels/`, `outliers/`,
-`gemma/`, `runs/`, `viz/`, `multihost/`, `cli/`; imports go one way (docs/contributing.md).
+a schedule), `execute.py` (a schedule run as shard_map collectives), `collectives.py`
+(`all_reduce` and `AllReduce`), `rules.py` (their argument rules) and `devices.py` (real or
+simulated devices, meshes). Everything else sits in a folder named for its purpose: `models/`,
+`remedies/`, `kernels/`, `outliers/`, `gemma/`, `runs/`, `viz/`, `multihost/`, `cli/`; imports
+go one way (docs/contributing.md).
 
 The public API is re-exported here; nothing is defined in this file. The heavy parts, `gemma`
 (the model), `kernels` (Pallas) and `viz` (matplotlib), load on first use, so `import

@@ -2,28 +2,12 @@
 
 `all_reduce(x, axis_name, ...)` goes inside `jax.shard_map` exactly where `lax.psum(x, axis_name)`
 would, and returns a result that is identical on every device and typed as such (usable with
-`out_specs=P()` under `check_vma=True`). It walks a `Schedule`:
-
-- a reduce step of kind "permute" is one `lax.ppermute`: every device encodes the chunk the step
-  names into one uint8 buffer (payload and scales together), sends it, and the receiver decodes
-  it to f32 and adds its own copy of that chunk. The next hop re-quantizes that partial sum.
-- "all_to_all" (two-shot) sends every chunk to its owner, which decodes and sums the p copies
-  in rank order; an "all_gather" in the reduce phase (one-shot) gathers whole inputs and every
-  device sums them in rank order.
-- the gather phase: each owner encodes its reduced chunks once; `lax.all_gather(...,
-  to="invarying")` brings them to everyone; every device decodes the same bytes, so the owner
-  keeps dequantize(quantize(sum)), bitwise what the others get.
-
-`fmt=None` runs the same schedule unquantized: the partial sums travel in x's own dtype, bit for
-bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:CPU cannot widen
-it), rounded to that dtype at each hop like a bf16 ring on real hardware.
-
-Layout (`schedule.layout`): the flattened input is zero-padded to the schedule's chunks, cut at
-block boundaries. With `num_chunks=k` (ring family) each chunk is cut into k pieces and the
-schedule runs on every piece: piece j's hop s depends only on piece j's hop s-1, so quantizing
-piece j+1, sending piece j and accumulating piece j-1 are independent operations a compiler may
-overlap (a software pipeline). Blocks never straddle pieces, so the result is bitwise that of
-k = 1 and the bytes are the same.
+`out_specs=P()` under `check_vma=True`). It runs a `Schedule` (schedule.py: who sends which
+chunk to whom, step by step) with `lax.ppermute`, `lax.all_to_all` and `lax.all_gather`
+(execute.py), each message one uint8 buffer of payload and scales (`wire.Codec`), each hop's
+partial sum re-quantized; with `num_chunks=k` in k independent pieces that a compiler may
+overlap (a software pipeline), bitwise the same result and the same bytes. `fmt=None` runs the
+same schedule unquantized, in x's own dtype.
 
 Over one device nothing is sent, so nothing is quantized: `all_reduce` returns `x` unchanged;
 an empty `x` comes back empty. What each configuration sends and how much error it makes are
@@ -72,7 +56,6 @@ each call (the same rounding every call, hence the same result: a deterministic 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -82,156 +65,14 @@ from jax import lax
 from ._checks import count
 from .autodiff import reduce_tree
 from .devices import mesh_device_kind
+from .execute import run_schedule, typed_all_gather
 from .formats import Format
 from .models.cost import default_min_bytes
-from .models.hops import HOP_BITS, HopPlan, hop_plan
-from .remedies.rotation import inverse_rotate
-from .remedies.rotation import rotate as rotate_blocks
+from .models.hops import HOP_BITS, hop_plan
 from .rules import IMPLS, check_axes, check_config, check_key
-from .schedule import ALGORITHMS, Schedule, layout, make_schedule
-from .wire import Codec
+from .schedule import ALGORITHMS
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
-
-# ---- what travels: one uint8 buffer per message (`wire.Codec`) ---------------------------
-
-
-class _Wire:
-    """The codec and the rounding key of each step: one format everywhere, or a `HopPlan`;
-    keys folded from the call's key by piece, step time and device (None: round to nearest)."""
-
-    GATHER = 1 << 20  # the gather phase's "time" in the key
-
-    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=()):
-        self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
-        self.default = Codec(fmt, dtype)
-        self.align = plan.align if plan is not None else self.default.align
-        self.codecs = {} if plan is None else {
-            t: Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
-        self.piece = 0
-
-    def codec(self, time: int | None) -> Codec:
-        """The codec of reduce step `time`, or of the gather phase (None)."""
-        return self.codecs.get(time, self.default)
-
-    def rounding(self, time: int | None):
-        if self.key is None:
-            return None
-        key = jax.random.fold_in(jax.random.fold_in(self.key, self.piece),
-                                 self.GATHER if time is None else time)
-        return jax.random.fold_in(key, self.me)
-
-
-# ---- executing a schedule ------------------------------------------------------------------
-
-
-def _all_gather(x: jax.Array, name: str, mesh_axes, **kw) -> jax.Array:
-    """lax.all_gather, its result typed invariant over a mesh axis (`to=` exists only for
-    mesh axes: under `vmap(axis_name=...)` or `pmap` it is left out)."""
-    return lax.all_gather(x, name, **kw, **({"to": "invarying"} if name in mesh_axes else {}))
-
-
-def _table(values) -> jax.Array:
-    return jnp.asarray(values, jnp.int32)
-
-
-def _rank_order_sum(parts: jax.Array) -> jax.Array:
-    """parts[0] + parts[1] + ... in rank order: the same additions on every device."""
-    total = parts[0]
-    for r in range(1, parts.shape[0]):
-        total = total + parts[r]
-    return total
-
-
-class _Held:
-    """Where each device's current value of each chunk lives, known when tracing.
-
-    A chunk is either still the device's own input row (`x`, in its own dtype, converted to the
-    accumulation dtype where it is read) or row j of the sums some step made. The schedules are
-    the same on every device up to a rotation, so a step reads its chunks from the same source
-    on every device, only at a device-dependent row (a table indexed by `me`): nothing is copied
-    into a whole-message accumulator, and a hop's dequantize-add-quantize reads the received
-    bytes and one input chunk and writes the next message.
-    """
-
-    def __init__(self, sched: Schedule, x: jax.Array, acc, me):
-        self.p, self.me, self.acc = sched.p, me, acc
-        self.sources: list[jax.Array] = [x]  # source 0: the input rows [chunks, m]
-        self.where = [[(0, c) for c in range(sched.chunk_count)] for _ in range(self.p)]
-
-    def rows(self, chunks_of) -> jax.Array:
-        """This device's current values of the chunks `chunks_of(d)` names on device d."""
-        wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
-        parts = []
-        for i in range(len(wanted[0])):  # runs of consecutive rows of one source
-            src = wanted[0][i][0]
-            if parts and parts[-1][0] == src and \
-                    all(w[i] == (src, w[i - 1][1] + 1) for w in wanted):
-                parts[-1][2] += 1
-                continue
-            if any(w[i][0] != src for w in wanted):
-                raise ValueError("the schedule reads different sources on different devices")
-            parts.append([src, [w[i][1] for w in wanted], 1])
-        out = [lax.dynamic_slice_in_dim(self.sources[src], _table(first)[self.me], size)
-               for src, first, size in parts]
-        out = out[0] if len(out) == 1 else jnp.concatenate(out)
-        return out.astype(self.acc)
-
-    def store(self, values: jax.Array, chunks_of) -> None:
-        """`values` [k, m] are now device d's chunks `chunks_of(d)`."""
-        self.sources.append(values)
-        for d in range(self.p):
-            for j, c in enumerate(chunks_of(d)):
-                self.where[d][c] = (len(self.sources) - 1, j)
-
-
-def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
-    """Run the reduce steps: afterwards each owner holds its chunks' sums."""
-    m = held.sources[0].shape[1]
-    everything = lambda d: range(sched.chunk_count)  # noqa: E731
-    group = axes if len(axes) > 1 else axes[0]
-    for step in (s for s in sched.steps if s.phase == "reduce"):
-        codec, key = wire.codec(step.time), wire.rounding(step.time)
-        if step.kind == "permute":  # one fused pass: decode what arrives, add, encode onwards
-            by_src = {t.src: t.chunks for t in step.transfers}
-            by_dst = {t.dst: t.chunks for t in step.transfers}
-            count = len(step.transfers[0].chunks)
-            buf = codec.encode(held.rows(by_src.__getitem__).reshape(-1), key)
-            buf = lax.ppermute(buf, group, [(t.src, t.dst) for t in step.transfers])
-            got = codec.decode(buf, count * m).reshape(count, m)
-            held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
-        elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
-            got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything), key), group,
-                                              0, 0), m)
-            held.store(_rank_order_sum(got)[None], lambda d: (d,))
-        elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
-            got = _all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
-                              wire.mesh_axes, axis=0)
-            held.store(_rank_order_sum(codec.decode(got, m)), everything)  # same everywhere
-        else:
-            raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
-
-
-def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
-    """Owners encode their chunks once; all-gathers (in schedule order) bring them to all."""
-    p, m = sched.p, held.sources[0].shape[1]
-    owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
-    k = len(owned[0])
-    codec = wire.codec(None)
-    buf = codec.encode(held.rows(owned.__getitem__), wire.rounding(None))  # [k, bytes]
-    for step in (s for s in sched.steps if s.phase == "gather"):
-        buf = _all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
-    # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
-    # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
-    values = codec.decode(buf.reshape(p * k, -1), m)
-    if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
-        return values.reshape(p, k, m).swapaxes(0, 1).reshape(p * k, m)
-    order = [c for d in range(p) for c in owned[d]]
-    return jnp.take(values, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
-
-
-# ---- the public collective -----------------------------------------------------------------
-
 
 def _mesh_axes(axes) -> tuple[str, ...]:
     """Those of `axes` that are mesh axes (shard_map's), not `vmap`'s or `pmap`'s."""
@@ -245,7 +86,7 @@ def invariant(x: jax.Array, axes) -> jax.Array:
         return jnp.zeros(x.shape, x.dtype)  # a constant: the same everywhere
     flat, mesh_axes = x.reshape(-1), _mesh_axes(axes)
     for a in axes:
-        flat = _all_gather(flat, a, mesh_axes, axis=0, tiled=True)
+        flat = typed_all_gather(flat, a, mesh_axes, axis=0, tiled=True)
     return flat.reshape(x.shape)
 
 
@@ -350,37 +191,8 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         from .kernels import ring_all_reduce  # Pallas loads only when asked for
 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
-    return _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
+    return run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
                 _mesh_axes(axes))
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9))
-def _run(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, mesh_axes):
-    """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
-    `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
-    74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
-    n = x.size
-    sched = make_schedule(algorithm, shape)
-    me = lax.axis_index(axes if len(axes) > 1 else axes[0])
-    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes)
-    length, pieces = layout(n, sched.chunk_count, wire.align, num_chunks)
-    flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
-    if sched.chunk_count * length > n:
-        flat = jnp.pad(flat, (0, sched.chunk_count * length - n))
-    if rotate:  # once, at the input: the schedule then sums rotated blocks
-        flat = rotate_blocks(flat, fmt.block_size)
-    chunks = flat.reshape(sched.chunk_count, length)  # [chunks, L]
-    gathers = any(step.phase == "gather" for step in sched.steps)
-    parts = []
-    for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops
-        wire.piece = j
-        held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me)
-        _reduce_phase(sched, held, wire, axes)
-        parts.append(_gather_phase(sched, held, wire, axes) if gathers else held.sources[-1])
-    out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-    if rotate:  # once, at the end, on the same decoded values on every device
-        out = inverse_rotate(out.reshape(-1), fmt.block_size)
-    return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .elements import decode_elements
 from .formats import Format
-from .quantize import Quantized, apply_scale, decode_elements, quantize_blocks
+from .quantize import Quantized, quantize_blocks
+from .scales import apply_scale
 
 __all__ = ["decode", "decode_raw", "encode", "encode_raw", "from_bytes", "to_bytes"]
 

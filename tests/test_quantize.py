@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import equarx_ref as eq
-from equarx_ref.quantize import apply_scale
+from equarx_ref.scales import apply_scale
 from equarx_ref.wire import from_bytes, to_bytes
 
 FORMATS = {

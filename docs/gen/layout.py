@@ -16,16 +16,19 @@ from .common import ROOT, Section
 PKG = ROOT / "equarx_ref"
 
 #: The library read in an afternoon: flat at the top of the package, in reading order.
-CORE = ("formats", "quantize", "wire", "schedule", "collectives", "rules", "devices")
+CORE = ("formats", "elements", "scales", "quantize", "wire", "schedule", "execute", "collectives",
+        "rules", "devices")
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above.
 LAYERS = (
     (("formats", "devices", "_checks"), "the element grids and formats; the mesh"),
+    (("elements", "scales"), "element codes and their packing; block scales, exactly"),
     (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
     (("models", "remedies", "autodiff"),
      "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
     (("kernels",), "the Pallas TPU ring and fused hop"),
-    (("collectives", "rules"), "all_reduce and AllReduce: the executor; their argument rules"),
+    (("execute", "collectives", "rules"),
+     "a schedule executed; all_reduce and AllReduce; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
     (("runs", "viz", "data"), "what each command runs; every figure; stored results"),
@@ -77,7 +80,7 @@ def folders() -> list[tuple[str, list[tuple[str, int]], str]]:
 
 def _number(n: int) -> str:
     """A small count in words, as prose writes it."""
-    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
     return words[n] if n < len(words) else str(n)
 
 

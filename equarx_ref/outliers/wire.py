@@ -39,8 +39,8 @@ import numpy as np
 from jax import lax
 
 from .._checks import count
+from ..elements import decode_elements, encode_elements
 from ..formats import Format
-from ..quantize import decode_elements, encode_elements
 from .calibration import check_calibration, default_outliers, select_outliers
 
 __all__ = ["ALGORITHMS", "StaticFormat", "Tables", "check_algorithm", "static_wire_bytes"]
