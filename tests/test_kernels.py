@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli, kernels
-from equarx_ref.runs import kernel_checks, tpu_compile
+from equarx_ref.runs import kernel_checks, tpu_compile, tpu_matrix
 from equarx_ref.wire import decode, encode
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
@@ -211,14 +211,14 @@ def test_cli_compile_without_libtpu(capsys):
 
 
 def test_cli_compile_options(tmp_path, capsys, monkeypatch):
-    """The options reach `tpu_compile.run` as parsed, and the report is stored with the
+    """The options reach `tpu_matrix.run` as parsed, and the report is stored with the
     command that made it (run replaced: the compiles need libtpu, the compile tier has it)."""
     calls = []
 
     def run(topologies, **kw):
         calls.append((topologies, kw))
         return 0, {"topologies": list(topologies), "results": []}
-    monkeypatch.setattr(tpu_compile, "run", run)
+    monkeypatch.setattr(tpu_matrix, "run", run)
     out = tmp_path / "tpu.json"
     argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "hop",
             "--read-back", "--jobs", "2", "--json", str(out)]
@@ -239,7 +239,7 @@ def test_cli_compile_options(tmp_path, capsys, monkeypatch):
     (["--compile", "v5e:2x4", "--only", "mosaic"], "invalid choice: 'mosaic'"),
 ])
 def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
-    monkeypatch.setattr(tpu_compile, "run", lambda *a, **k: pytest.fail("the work started"))
+    monkeypatch.setattr(tpu_matrix, "run", lambda *a, **k: pytest.fail("the work started"))
     with pytest.raises(SystemExit) as e:
         cli.main(["kernels", *argv])
     err = capsys.readouterr().err.strip().splitlines()
@@ -256,7 +256,7 @@ def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
 
 def test_compile_matrix_refuses_an_unknown_family():
     with pytest.raises(ValueError, match="unknown compile families"):
-        tpu_compile.compile_matrix("v5e:2x4", families=("mosaic",))
+        tpu_matrix.compile_matrix("v5e:2x4", families=("mosaic",))
 
 
 def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 import equarx_ref as eq
 from equarx_ref.models.hlo import collective_overlap
 from equarx_ref.models.hlo_memory import memory_traffic
-from equarx_ref.runs import tpu_compile
+from equarx_ref.runs import tpu_compile, tpu_readback
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "docs" / "data"
 
@@ -189,7 +189,7 @@ def test_bytes_accessed_as_recorded(topology):
     old = [c for c in _stored()["read_back"] if c["topology"] == topology
            and (c["algorithm"], c["format"], c["num_chunks"]) in keys]
     assert len(old) == 3
-    fresh = tpu_compile.read_back(topology, n=old[0]["n"], p=old[0]["p"], cases=tuple(
+    fresh = tpu_readback.read_back(topology, n=old[0]["n"], p=old[0]["p"], cases=tuple(
         (c["algorithm"], None if c["format"] == "bfloat16" else c["format"], 1) for c in old))
     for was, new in zip(old, fresh, strict=True):
         assert new["wire_bytes_hlo"] == new["wire_bytes"] == was["wire_bytes"]

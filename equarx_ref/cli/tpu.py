@@ -75,7 +75,7 @@ def cmd_model(args) -> int:
 
 
 def add_kernels(sub) -> None:
-    from ..runs.tpu_compile import FAMILIES
+    from ..runs.tpu_matrix import FAMILIES
 
     p = sub.add_parser("kernels", help=COMMANDS["kernels"][0],
                        description="The Pallas ring AllReduce (impl='pallas') against the XLA "
@@ -124,9 +124,9 @@ def _compile_command(args) -> str:
 def cmd_kernels(args) -> int:
     out = sys.stderr if args.json == "-" else sys.stdout
     if args.compile is not None:  # before anything else starts jax's backends: libtpu's env
-        from ..runs import tpu_compile
+        from ..runs import tpu_matrix
 
-        status, report = tpu_compile.run(
+        status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,
             read_back_too=args.read_back, jobs=args.jobs, out=out,
             progress=lambda m: print(f"  {m}", file=sys.stderr))

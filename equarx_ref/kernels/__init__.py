@@ -3,15 +3,16 @@
 `hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `ring.py` is the
 whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel pipeline),
 what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively; elsewhere in TPU
-interpret mode on CPU devices, with the race detector on (`backend.py`). `timeline.py` lays the
-ring's plan out in time under assumed durations (plain Python, drawn by
-`viz.draw_kernel_timeline`). The harness that checks the kernels against `impl="xla"` and times
-them is `runs/kernel_checks.py`.
+interpret mode on CPU devices, with the race detector on (`backend.py`). `plan.py` is the ring's
+static plan (plain data: pieces, slots, each step's program); `timeline.py` lays it out in time
+under assumed durations (plain Python, drawn by `viz.draw_kernel_timeline`). The harness that
+checks the kernels against `impl="xla"` and times them is `runs/kernel_checks.py`.
 """
 
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .hop import fused_hop, hop_reference, wire_codec
-from .ring import SABOTAGES, RingPlan, plan_ring, ring_all_reduce
+from .plan import RingPlan, plan_ring
+from .ring import SABOTAGES, ring_all_reduce
 from .timeline import kernel_timeline
 
 __all__ = [

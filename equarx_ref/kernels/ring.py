@@ -58,7 +58,7 @@ outside the kernel). The layout cuts a chunk into pieces of at most two lengths 
 as evenly as it can), and each length gets buffers of its own, so every DMA moves whole rows,
 whatever the length: 96 values, 4096, odd block counts, and pieces shorter than one 128-lane
 tile row (32 values of int8, 37 of bf16: VMEM pads the row, the DMA moves the piece), so no
-length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_compile.py`, the
+length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_matrix.py`, the
 compile tier of tests/run.sh, record in docs/data/tpu.json) the ring and the bidirectional
 ring build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
 fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. They build for v5p too
@@ -76,7 +76,6 @@ so that a piece is at most a few MiB.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 
@@ -86,124 +85,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._checks import array, count
+from .._checks import array
 from ..formats import Format
-from ..schedule import RING_FAMILY, layout, make_schedule
 from . import backend
 from .hop import wire_codec
+from .plan import RingPlan, plan_ring
 
-__all__ = ["SABOTAGES", "RingPlan", "plan_ring", "ring_all_reduce"]
+__all__ = ["SABOTAGES", "ring_all_reduce"]
 
 #: Deliberately broken variants, for showing the race detector at work: "capacity" skips the
 #: sender's wait for the receiver's "slot free" signal (it still balances the semaphore at exit);
 #: "early_read" reads every receive slot before waiting for its message, a race on every
 #: message whatever the threads' timing (what the tests use: a red test is a real defect).
 SABOTAGES = ("capacity", "early_read")
-
-
-@dataclasses.dataclass(frozen=True)
-class RingPlan:
-    """Everything static about one kernel: sizes, pieces, lanes, slots (known when tracing).
-
-    Attributes:
-        p: devices on the ring.
-        n: values per device (before padding).
-        chunks: chunks of the layout (p for "ring", 2p for "bidir_ring").
-        length: values per chunk (padded, a multiple of the block).
-        pieces: `(start, size)` of the pipeline pieces inside a chunk.
-        piece_bytes: wire bytes of each piece.
-        lanes: `(first chunk, direction)` per ring: (0, +1) sends right; (p, -1) sends left.
-        slots: receive slots per lane, k + 1.
-    """
-
-    p: int
-    n: int
-    chunks: int
-    length: int
-    pieces: tuple[tuple[int, int], ...]
-    piece_bytes: tuple[int, ...]
-    lanes: tuple[tuple[int, int], ...]
-    slots: int
-
-    @property
-    def k(self) -> int:
-        return len(self.pieces)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """The distinct piece lengths (at most two: the layout cuts whole blocks evenly)."""
-        return tuple(sorted({size for _, size in self.pieces}))
-
-    @property
-    def slot_of(self) -> tuple[tuple[int, int], ...]:
-        """Per piece j: (its size class, its index among the pieces of that class)."""
-        seen: dict[int, int] = {}
-        out = []
-        for _, size in self.pieces:
-            out.append((self.sizes.index(size), seen.get(size, 0)))
-            seen[size] = seen.get(size, 0) + 1
-        return tuple(out)
-
-    @property
-    def steps(self) -> int:
-        """Steps of one lane: 2p - 1 hops (the last only decodes) times k pieces."""
-        return (2 * self.p - 1) * self.k
-
-    @property
-    def messages(self) -> int:
-        """Messages one lane of one device sends: 2 (p - 1) hops times k pieces."""
-        return 2 * (self.p - 1) * self.k
-
-    @property
-    def bytes_sent(self) -> int:
-        """Wire bytes one device sends in total (all lanes, all hops)."""
-        return len(self.lanes) * 2 * (self.p - 1) * sum(self.piece_bytes)
-
-    def program(self, device: int = 0, lane: int = 0) -> list[dict]:
-        """The kernel's steps on one device and lane, in order: what it waits for, computes
-        and sends (plain data, for tables and timeline figures; the kernel runs exactly this).
-
-        Each step: `step` t, `hop` h, `piece` j, `phase` ("reduce", "own": the owner's
-        encode of the full sum, "gather", "last": decode only), `chunk` (sent or stored),
-        `wait` (the message awaited, (hop, piece), or None), `recv_slot`, `compute`,
-        `send_slot` (None when nothing is sent), `prefetch` (the step whose x piece is fetched).
-        """
-        p, k = self.p, self.k
-        base, way = self.lanes[lane]
-        rows = []
-        for t in range(self.steps):
-            h, j = divmod(t, k)
-            phase = ("reduce" if h < p - 1 else "own" if h == p - 1 else
-                     "gather" if h < 2 * p - 2 else "last")
-            if h <= p - 1:
-                chunk = base + (device - way * (h + 1)) % p
-            else:
-                chunk = base + (device - way * (h - p + 1)) % p
-            compute = {"reduce": "encode(x)" if h == 0 else "encode(decode(in) + x)",
-                       "own": "encode(decode(in) + x), decode", "gather": "forward, decode",
-                       "last": "decode"}[phase]
-            rows.append({"step": t, "hop": h, "piece": j, "phase": phase, "chunk": chunk,
-                         "wait": (h - 1, j) if h >= 1 else None,
-                         "recv_slot": (t - k) % self.slots if h >= 1 else None,
-                         "compute": compute,
-                         "send_slot": t % 2 if t < self.messages else None,
-                         "prefetch": t + 1 if t + 1 < p * k else None})
-        return rows
-
-
-def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
-              num_chunks: int = 1, dtype="float32") -> RingPlan:
-    """The static plan of the kernel for `n` values per device on a ring of `p` devices."""
-    if algorithm not in RING_FAMILY:
-        raise ValueError(f"the Pallas kernel runs algorithm 'ring' or 'bidir_ring', got "
-                         f"{algorithm!r} (use impl='xla' for the others)")
-    count(p, "p (devices)")
-    sched = make_schedule(algorithm, (p,))
-    codec = wire_codec(fmt, dtype)
-    length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
-    lanes = ((0, +1),) if algorithm == "ring" else ((0, +1), (p, -1))
-    return RingPlan(p, n, sched.chunk_count, length, pieces,
-                    tuple(codec.nbytes(size) for _, size in pieces), lanes, len(pieces) + 1)
 
 
 def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *refs):

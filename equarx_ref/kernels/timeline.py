@@ -18,7 +18,7 @@ no Pallas here.
 from __future__ import annotations
 
 from .._checks import count, number
-from .ring import RingPlan
+from .plan import RingPlan
 
 __all__ = ["kernel_timeline"]
 

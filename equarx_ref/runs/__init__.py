@@ -3,7 +3,10 @@
 - `bench.py`: `equarx-ref demo` (every algorithm x format side by side) and `equarx-ref bench`
   (quantizer throughput against a plain pass over memory);
 - `sweep.py`: `equarx-ref sweep`, the map of bits on the wire against error;
-- `kernel_checks.py`: `equarx-ref kernels`, the Pallas kernels against `impl="xla"`.
+- `kernel_checks.py`: `equarx-ref kernels`, the Pallas kernels against `impl="xla"`;
+- `tpu_compile.py`, `tpu_matrix.py`, `tpu_readback.py`: `equarx-ref kernels --compile`, every
+  kernel and collective compiled with libtpu's compilers from a CPU machine (one program; the
+  matrix and its table; the programs read back against the models);
 - `train.py`: `equarx-ref train`, data-parallel training with quantized gradient AllReduces
   (chapter 08; its stored results are `equarx_ref.data`'s "train" and "train-hops");
   `hopstats.py`: the partial sums a ring quantizes, hop by hop, on those gradients.

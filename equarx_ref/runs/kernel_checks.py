@@ -188,7 +188,7 @@ HOP_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4")
 def report(progress=None) -> dict:
     """What `equarx-ref kernels` prints: the interpret-mode checks, and on a TPU the fused
     hop's timing (or the error that stopped it). Whether the kernels compile for a TPU is
-    `tpu_compile.compile_matrix` (`equarx-ref kernels --compile v5e:2x4`), with libtpu."""
+    `tpu_matrix.compile_matrix` (`equarx-ref kernels --compile v5e:2x4`), with libtpu."""
     say = progress or (lambda message: None)
     out = {"backend": jax.default_backend(), "tpu": backend.on_tpu(), "checks": [],
            "timings": [], "timing_errors": {}}

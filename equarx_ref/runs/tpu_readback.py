@@ -1,0 +1,124 @@
+"""The TPU program read back: what XLA:TPU really sends, overlaps and moves, against the models.
+
+A compiled TPU program (`tpu_compile.compile_all_reduce`, from a CPU machine, nothing runs)
+says what the chip would do. `read_back` compiles the AllReduce of each case and reads three
+things off it: the bytes its collective-permutes carry, against `eq.wire_bytes` (they must be
+equal); which fusions XLA:TPU scheduled inside each asynchronous transfer
+(`hlo.collective_overlap`: the software pipeline of `num_chunks`, or none); and XLA:TPU's own
+count of bytes accessed, taken apart op by op (`hlo_memory.memory_traffic`), against the HBM
+passes the time model prices. The model's time re-priced with those bytes (`priced_time`) is a
+modelled figure, never a measured one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax.numpy as jnp
+
+import equarx_ref as eq
+
+from ..models.cost import as_chip, phases, predicted_time
+from ..models.hlo import collective_overlap, hlo_wire_bytes
+from ..models.hlo_memory import memory_traffic
+from .tpu_compile import compile_all_reduce
+
+__all__ = ["READ_BACK", "format_read_back", "model_hbm_bytes", "priced_time", "read_back"]
+
+#: (algorithm, format name or None, num_chunks) that `read_back` compiles and reads.
+READ_BACK = (("psum", None, 1), ("ring", None, 1),
+             *((a, f, 1) for a in ("ring", "bidir_ring", "two_shot", "one_shot")
+               for f in ("int8", "int4", "fp8_e4m3", "mxfp8")),
+             ("ring", "int8", 4))
+
+
+def model_hbm_bytes(n: int, p: int, *, fmt, algorithm: str, dtype="bfloat16",
+                    num_chunks: int = 1) -> float:
+    """Bytes of HBM traffic the time model prices for one AllReduce on one chip: its memory
+    passes (`cost.phases`), each hop's pass counted once per hop."""
+    return float(sum(ph.hbm_bytes * max(ph.hops, 1) for ph in phases(
+        n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks)))
+
+
+def priced_time(n: int, p: int, *, fmt, algorithm: str, chip: str, ratio: float,
+                dtype="bfloat16", num_chunks: int = 1) -> float:
+    """The time model's seconds with every memory pass `ratio` times the bytes it prices: the
+    model re-priced with the traffic XLA:TPU's program really has (a modelled figure)."""
+    c = as_chip(chip)
+    slow = dataclasses.replace(c, hbm_bandwidth=c.hbm_bandwidth / ratio,
+                               codec_bandwidth=c.codec_bandwidth and c.codec_bandwidth / ratio)
+    return predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=slow, dtype=dtype,
+                          num_chunks=num_chunks)
+
+
+def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
+              cases=READ_BACK, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Compile each case for `topology` and read the TPU program back (one JSON-ready dict per
+    case): wire bytes from its HLO against `eq.wire_bytes`; the permutes' overlap
+    (`hlo.collective_overlap`); XLA:TPU's bytes accessed against the model's HBM traffic,
+    taken apart by `hlo_memory.memory_traffic` (by kind of op; the part that stays in VMEM);
+    and the model's time re-priced with those bytes (`priced_time`): with all of them at HBM
+    bandwidth (an upper bound) and with the HBM part only (VMEM work free: a lower bound),
+    beside the model's own, each as a speedup over the bf16 psum priced the same way."""
+    chip = topology.split(":")[0]
+    out = []
+    for algorithm, name, k in cases:
+        fmt = None if name is None else eq.Format.parse(name)
+        if progress:
+            progress(f"{topology} read back: {algorithm} {name or dtype} k={k}")
+        compiled = compile_all_reduce(topology, n=n, p=p, dtype=dtype, fmt=fmt,
+                                      algorithm=algorithm, num_chunks=k)
+        text = compiled.as_text()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        accessed = float(cost.get("bytes accessed", float("nan")))
+        traffic = memory_traffic(text)
+        model = model_hbm_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=k)
+        pairs = collective_overlap(text)
+        ratio, hbm_ratio = accessed / model, max(traffic.hbm / model, 1.0)
+        times = {label: priced_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, ratio=r,
+                                    dtype=dtype, num_chunks=k)
+                 for label, r in (("model", 1.0), ("hbm_only", hbm_ratio), ("all", ratio))}
+        out.append({
+            "topology": topology, "algorithm": algorithm, "format": name or dtype,
+            "num_chunks": k, "n": n, "p": p, "dtype": jnp.dtype(dtype).name,
+            "wire_bytes_hlo": sum(hlo_wire_bytes(text, p).values()),
+            "wire_bytes": eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype,
+                                        num_chunks=k),
+            "bytes_accessed": accessed, "model_hbm_bytes": model,
+            "plain_pass_bytes": 2 * n * jnp.dtype(dtype).itemsize,
+            "ratio_to_model": ratio,
+            "traffic": {"tally": traffic.total, "by_kind": traffic.by_kind,
+                        "vmem": traffic.vmem, "hbm": traffic.hbm, "padding": traffic.padding},
+            "hbm_ratio_to_model": traffic.hbm / model,
+            "seconds": times,
+            "permutes": len(pairs), "max_in_flight": max((q.in_flight for q in pairs), default=0),
+            "fusions_between": [len(q.between) for q in pairs],
+            "feeding_other_sends": [len(q.feeding) for q in pairs],
+        })
+    base = next((r["seconds"] for r in out if r["algorithm"] == "psum"), None)
+    for r in out:  # speedup over the bf16 psum, each time priced the same way
+        r["speedup_over_psum"] = None if base is None else {
+            label: base[label] / t for label, t in r["seconds"].items()}
+    return out
+
+
+def format_read_back(rows: list[dict]) -> str:
+    """The read-back as a plain-text table: per topology x algorithm x format."""
+    head = (f"{'topology':9s} {'algorithm':10s} {'format':9s} k {'wire=HLO':>8s} "
+            f"{'accessed':>10s} {'model':>9s} {'ratio':>6s} {'HBM part':>8s} {'VMEM':>5s} "
+            f"{'permutes':>8s} {'in flight':>9s} {'speedup model/priced':>21s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        t = r["traffic"]
+        speed = r.get("speedup_over_psum") or {}
+        lines.append(
+            f"{r['topology']:9s} {r['algorithm']:10s} {r['format']:9s} {r['num_chunks']} "
+            f"{'yes' if r['wire_bytes_hlo'] == r['wire_bytes'] else 'NO':>8s} "
+            f"{r['bytes_accessed'] / 1e6:>7.0f} MB {r['model_hbm_bytes'] / 1e6:>6.0f} MB "
+            f"{r['ratio_to_model']:>5.1f}x {r['hbm_ratio_to_model']:>7.1f}x "
+            f"{t['vmem'] / t['tally']:>5.0%} {r['permutes']:>8d} {r['max_in_flight']:>9d} "
+            f"{speed.get('model', 0):>9.2f} / {speed.get('hbm_only', 0):.2f}"
+            f"-{speed.get('all', 0):.2f}")
+    return "\n".join(lines)
