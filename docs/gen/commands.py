@@ -37,6 +37,9 @@ COMMANDS = {
                              "--repeats 5 --json equarx_ref/data/multihost-1gbit.json"),
     "multihost-loopback.json": (f"equarx-ref bench --hosts 4 --mib 32 {_MULTIHOST} "
                              "--repeats 3 --json equarx_ref/data/multihost-loopback.json"),
+    # needs libtpu (jax[tpu] of the jax under test): its compilers, run from a CPU machine
+    "tpu.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --read-back --jobs 2 "
+                 "--json equarx_ref/data/tpu.json"),
 }
 
 
@@ -45,8 +48,9 @@ def command_block(name: str) -> str:
     return f"```bash\n{COMMANDS[name]}\n```"
 
 
-#: Files rerun only when named: the multi-host runs need root (network namespaces).
-ON_REQUEST = frozenset(name for name in COMMANDS if name.startswith("multihost-"))
+#: Files rerun only when named: the multi-host runs need root (network namespaces), the TPU
+#: compile record libtpu (run it with the Python of a jax[tpu] environment).
+ON_REQUEST = frozenset(name for name in COMMANDS if name.startswith(("multihost-", "tpu")))
 
 
 def refresh(names: list[str]) -> None:

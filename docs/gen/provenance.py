@@ -47,6 +47,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     "multihost-100mbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "multihost-1gbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "multihost-loopback": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
+    "tpu": ("equarx_ref.runs.tpu_matrix",),
 }
 
 

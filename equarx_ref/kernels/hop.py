@@ -18,7 +18,7 @@ compiler, which refuses bitcasts between types of different widths, compares and
 narrow integers and `isfinite` on bf16: the scale bytes are packed with 32-bit integer shifts,
 bf16 scales are read back as f32, bit streams go word by word through int32. Compiled with
 libtpu for v5e and v6e from a CPU machine (`runs/tpu_compile.py`'s `compile_hop`, the compile
-tier of tests/run.sh, record in docs/data/tpu.json), the hop builds for int8, int4, fp8_e4m3,
+tier of tests/run.sh, record in equarx_ref/data/tpu.json), the hop builds for int8, int4, fp8_e4m3,
 fp8_e5m2, mxfp8, mxfp6_e2m3 and mxfp4 (for v5p too; not for v4, whose Mosaic refuses to
 reshape bytes into the codec's rows: `kernels/ring.py`).
 Compiled is not run: no TPU timing of this kernel is claimed here; on a TPU `equarx-ref
