@@ -9,6 +9,24 @@ partial sum re-quantized; with `num_chunks=k` in k independent pieces that a com
 overlap (a software pipeline), bitwise the same result and the same bytes. `fmt=None` runs the
 same schedule unquantized, in x's own dtype.
 
+The ring it runs, written by hand (chapter 03's exercise; `x` a vector of p chunks of m values,
+m a multiple of the block, `wire.encode` / `wire.decode` the codec):
+
+    p, me = lax.axis_size(axis), lax.axis_index(axis)
+    chunks = x.reshape(p, -1)                                 # [p, m] in f32
+    m = chunks.shape[1]
+    right = [(d, (d + 1) % p) for d in range(p)]
+    for s in range(p - 1):                                    # reduce-scatter: p - 1 hops
+        buf = wire.encode(chunks[(me - s - 1) % p], fmt)      # my partial sum, as bytes
+        buf = lax.ppermute(buf, axis, right)                  # my left neighbour's arrive
+        chunks = chunks.at[(me - s - 2) % p].add(wire.decode(buf, fmt, m))  # add in f32
+    every = lax.all_gather(wire.encode(chunks[me], fmt), axis, to="invarying")  # [p, bytes]
+    return wire.decode(every, fmt, m).reshape(-1)             # the same bytes on every device
+
+is bitwise `all_reduce(x, axis, fmt=fmt, algorithm="ring")` (chapter 03 checks it). The rest is
+what a library adds to it: any length (padding to whole chunks of whole blocks), every algorithm
+as data (`schedule.py`), pipelining, the remedies, derivatives, pytrees and checked arguments.
+
 Over one device nothing is sent, so nothing is quantized: `all_reduce` returns `x` unchanged;
 an empty `x` comes back empty. What each configuration sends and how much error it makes are
 predicted, from the same schedules, in `predict.py`.

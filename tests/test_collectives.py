@@ -420,3 +420,24 @@ def _cost_module():
         except ImportError:
             continue
     raise ImportError("no equarx_ref cost module")
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "mxfp8"])
+def test_the_essays_ring_is_all_reduce_bitwise(name):
+    """The dozen lines of ring that open collectives.py's essay run, and give bitwise what
+    `all_reduce(..., algorithm="ring")` gives: the essay cannot drift from the code."""
+    import textwrap
+
+    from jax import lax
+
+    from equarx_ref import collectives, wire
+
+    doc = collectives.__doc__
+    block = textwrap.dedent(doc[doc.index("    p, me ="):doc.index("\nis bitwise")])
+    scope = {"lax": lax, "wire": wire}
+    exec("def ring(x, axis, fmt):\n" + textwrap.indent(block, "    "), scope)
+    fmt, mesh = eq.Format.parse(name), _mesh((8,))
+    f = jax.jit(jax.shard_map(lambda v: scope["ring"](v[0], "tp", fmt)[None], mesh=mesh,
+                              in_specs=P("tp"), out_specs=P("tp"), check_vma=False))
+    x = gaussian(8, n=8 * 32 * 16, seed=5)
+    assert np.array_equal(np.asarray(f(x)), run(x, "ring", fmt, every_device=True))
