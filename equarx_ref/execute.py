@@ -160,8 +160,10 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
 
 
-def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
-    """Owners encode their chunks once; all-gathers (in schedule order) bring them to all."""
+def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax.Array:
+    """Owners encode their chunks once; all-gathers (in schedule order) bring them to all,
+    decoded into `dtype` (the result's, unless a remedy still works on the sums): one pass
+    from the bytes to the result, no f32 copy of the whole message in between."""
     p, m = sched.p, held.sources[0].shape[1]
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
     k = len(owned[0])
@@ -171,7 +173,7 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> jax.Array:
         buf = typed_all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
     # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
     # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
-    values = codec.decode(buf.reshape(p * k, -1), m)
+    values = codec.decode(buf.reshape(p * k, -1), m, dtype)
     if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
         return values.reshape(p, k, m).swapaxes(0, 1).reshape(p * k, m)
     order = [c for d in range(p) for c in owned[d]]
@@ -200,7 +202,8 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
         wire.piece = j
         held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me)
         _reduce_phase(sched, held, wire, axes)
-        parts.append(_gather_phase(sched, held, wire, axes) if gathers else held.sources[-1])
+        parts.append(_gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
+                                   x.dtype) if gathers else held.sources[-1])
     out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     if rotate:  # once, at the end, on the same decoded values on every device
         out = inverse_rotate(out.reshape(-1), fmt.block_size)

@@ -191,10 +191,11 @@ class Codec:
             return encode(v, self.fmt, key=key)
         return encode_raw(v, self.dtype)
 
-    def decode(self, buf: jax.Array, m: int) -> jax.Array:  # uint8 [..., bytes] -> acc [..., m]
-        if self.fmt is not None:
-            return decode(buf, self.fmt, m).astype(self.acc)
-        return decode_raw(buf, self.dtype, m).astype(self.acc)
+    def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
+        """uint8 [..., bytes] -> values [..., m] in `dtype` (default: the accumulation dtype)."""
+        values = decode(buf, self.fmt, m) if self.fmt is not None else \
+            decode_raw(buf, self.dtype, m)
+        return values.astype(dtype or self.acc)
 
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)

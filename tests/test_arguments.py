@@ -323,6 +323,7 @@ ARGUMENTS = {
     ("Chip", "links"): "count", ("Chip", "torus"): "torus",
     ("Chip", "source"): "text", ("Chip", "quantize_overhead"): "non-negative number",
     ("Chip", "codec_bandwidth"): "positive number or None",
+    ("Chip", "primitive_bandwidth"): "primitive rates",
     ("kernels.plan_ring", "n"): "size", ("kernels.plan_ring", "p"): "count",
     ("kernels.plan_ring", "fmt"): "format or None",
     ("kernels.plan_ring", "algorithm"): "kernel algorithm",
@@ -452,6 +453,8 @@ CLASSES = {
     "positive number or None": _POSITIVE[:3] + _POSITIVE[4:],
     "non-negative number": [-1.0, "0", None, float("nan"), float("inf")],
     "torus": [(0,), (2.5,), "2x4", 4, (-2, 2), None],
+    "primitive rates": [5, "fast", None, {"tree": 1e9}, {"permute": 0.0}, (("permute",),),
+                        {"all_gather": "1e9"}, [("permute", float("nan"))]],
     "kernel algorithm": ["tree", "", None, 5, ["ring"], "one_shot", "psum"],
     "one axis name": [None, 5, "", ("tp", "tp"), "nosuch", [], b"tp", ("tp",)],
     "interpret": ["yes", 5, 1.0, "interpret"],
@@ -589,6 +592,8 @@ GOOD = [
     ("predicted_time", "chip", eq.CHIPS["v6e"]), ("predicted_time", "dtype", np.float16),
     ("make_mesh", "shape", [2, 2]), ("make_schedule", "shape", [2, 2]),
     ("Chip", "torus", (2, 4)), ("Chip", "hop_latency", 0), ("Chip", "codec_bandwidth", 1e12),
+    ("Chip", "primitive_bandwidth", {"all_to_all": 1e9}),
+    ("Chip", "primitive_bandwidth", [("permute", 5e8), ("all_gather", np.float64(2e9))]),
 ]
 
 

@@ -91,6 +91,39 @@ def test_codec_bandwidth_prices_the_quantizing_passes_only():
         dataclasses.replace(fast, codec_bandwidth=0.0)
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
+@pytest.mark.parametrize("fmt", [INT8, None], ids=["int8", "bf16"])
+def test_each_phase_runs_at_its_own_primitives_rate(algorithm, fmt):
+    """On hosts behind a switch the link term is, per primitive, its hops' latency plus the
+    bytes it sends at that primitive's rate: halving one primitive's rate adds exactly the
+    bytes its phases send, once more, and leaves the others alone."""
+    n, p, alpha = 3 << 20, 4, 1e-4
+    chip = eq.Chip("hosts", link_bandwidth=1e8, hop_latency=alpha, hbm_bandwidth=1e30,
+                   peak_flops=1.0, links=1)
+    ph = cost.phases(n, p, fmt=fmt, algorithm=algorithm)
+    base = eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
+    for primitive in cost.PRIMITIVES:
+        sent = sum(x.hops * x.sent_bytes for x in ph if x.primitive == primitive)
+        slower = dataclasses.replace(chip, primitive_bandwidth={primitive: 5e7})
+        t = eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=slower)
+        assert t == pytest.approx(base + sent / 1e8, rel=1e-9), primitive
+        assert all(x.hops == cost.primitive_hops(x.primitive, p) or x.pipelined
+                   for x in ph if x.primitive == primitive and x.hops)
+    used = {x.primitive for x in ph if x.hops}
+    assert used == {"ring": {"permute", "all_gather"}, "bidir_ring": {"two_way_permute",
+                    "all_gather"}, "two_shot": {"all_to_all", "all_gather"},
+                    "one_shot": {"all_gather"}}[algorithm]
+
+
+def test_primitive_rates_are_named_and_kept_in_one_order():
+    a = eq.Chip("c", 1e9, 1e-6, 1e10, 1.0, primitive_bandwidth={"all_gather": 2e9, "permute": 1})
+    b = eq.Chip("c", 1e9, 1e-6, 1e10, 1.0, primitive_bandwidth=[("permute", 1.0),
+                                                               ("all_gather", 2e9)])
+    assert a == b and hash(a) == hash(b) and a.bandwidth("all_to_all") == 1e9
+    with pytest.raises(ValueError, match="unknown primitive 'psum'"):
+        eq.Chip("c", 1e9, 1e-6, 1e10, 1.0, primitive_bandwidth={"psum": 1e9})
+
+
 def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
     assert eq.predicted_time(0, 8, fmt=INT8, algorithm="ring", chip="v5e") == 0.0
     assert eq.predicted_time(100, 1, fmt=INT8, algorithm="ring", chip="v5e") == 0.0

@@ -36,8 +36,14 @@ def setting(result: dict) -> str:
     mib = result["results"][0]["message_bytes"] / 2**20
     return (f"{result['network']}; {mib:g} MiB of bf16 per host; measured in the same run: link "
             f"{c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, hop latency "
-            f"{c['hop_latency'] * 1e3:.2f} ms, memory {c['hbm_bandwidth'] / 1e9:.2f} GB/s "
-            "(the `Chip` the model uses). CPU timings.")
+            f"{c['hop_latency'] * 1e3:.2f} ms, memory {c['hbm_bandwidth'] / 1e9:.2f} GB/s; "
+            "per primitive (Mbit/s sent per host): " + ", ".join(
+                f"{k.replace('_', ' ')} {v * 8 / 1e6:.0f}"
+                for k, v in c.get("primitive_bandwidth", {}).items()) +
+            "; per hop (GB/s): " + ", ".join(
+                f"{k.split()[1]} {v / 1e9:.2f}" for k, v in result["calibration"].items()
+                if k.startswith("codec_bytes_per_s ")) +
+            " (the `Chip` the model uses, `multihost.launcher.measured_chip`). CPU timings.")
 
 
 def rows_table(result: dict) -> str:

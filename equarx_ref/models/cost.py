@@ -31,6 +31,14 @@ Hosts on a switch (`Chip(..., links=1)`, what the multi-host benchmark emulates)
 each: a hop costs what the host sends in total, so the link term of every algorithm is simply
 `wire_bytes / W`, and a bidirectional ring or a torus gains nothing.
 
+Each phase names the collective primitive that carries it (`PRIMITIVES`): a ring's reduce-scatter
+a one-way permute (the bidirectional ring's a two-way one), two-shot's exchange an all-to-all,
+and every gather an all-gather. A `Chip` may price each at its own rate
+(`primitive_bandwidth`): the same bytes cost a network stack different times through different
+primitives (gloo runs a two-way permute, an all-to-all or an all-gather at 70-90% of one large
+one-way permute), so the multi-host benchmark times each; a primitive without its own rate
+runs at `link_bandwidth`.
+
 What the model leaves out: contention from other traffic, the real DMA engines and their
 descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
 pass. Its TPU figures are modelled, not measured; `Chip` also takes measured figures (the
@@ -54,8 +62,9 @@ from ..formats import Format
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
 from ..wire import encoded_bytes
 
-__all__ = ["CHIPS", "DEVICE_KINDS", "Chip", "as_chip", "best_num_chunks", "crossover_bytes",
-           "default_min_bytes", "phases", "predicted_time", "timeline"]
+__all__ = ["CHIPS", "DEVICE_KINDS", "PRIMITIVES", "Chip", "as_chip", "best_num_chunks",
+           "crossover_bytes", "default_min_bytes", "phases", "predicted_time", "primitive_hops",
+           "timeline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +92,10 @@ class Chip:
             launch, the latency of finding each block's scale). No public figure exists for
             TPUs, so their presets say 0 and quantizing then never loses in the model; set it
             from a measurement to get a real crossover (`crossover_bytes`).
+        primitive_bandwidth: bytes/s sent per device through each collective primitive that
+            was timed on its own, as (primitive, bytes/s) pairs (a dict is taken too), the
+            primitives those of `PRIMITIVES`; a phase whose primitive has no rate here runs at
+            `link_bandwidth` (the TPU presets: one ICI rate for all).
     """
 
     name: str
@@ -95,6 +108,7 @@ class Chip:
     source: str = ""
     quantize_overhead: float = 0.0
     codec_bandwidth: float | None = None
+    primitive_bandwidth: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for field in ("name", "source"):
@@ -110,6 +124,36 @@ class Chip:
             raise TypeError(f"Chip.torus must be a tuple of chips per axis, got {self.torus!r}")
         for q in self.torus:
             count(q, "Chip.torus (chips per axis)")
+        rates = self.primitive_bandwidth
+        pairs = list(rates.items()) if isinstance(rates, dict) else rates
+        if not isinstance(pairs, (tuple, list)) or not all(
+                isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in pairs):
+            raise TypeError("Chip.primitive_bandwidth must be (primitive, bytes/s) pairs or a "
+                            f"dict, got {rates!r}")
+        for name, rate in pairs:
+            if name not in PRIMITIVES:
+                raise ValueError(f"Chip.primitive_bandwidth: unknown primitive {name!r}; "
+                                 f"choose from {list(PRIMITIVES)}")
+            number(rate, f"Chip.primitive_bandwidth[{name!r}]")
+        object.__setattr__(self, "primitive_bandwidth",
+                           tuple(sorted((name, float(rate)) for name, rate in pairs)))
+
+    def bandwidth(self, primitive: str) -> float:
+        """Bytes/s of `primitive`: its own rate if measured, else `link_bandwidth`."""
+        return dict(self.primitive_bandwidth).get(primitive, self.link_bandwidth)
+
+
+#: The collective primitives that carry the phases (`Phase.primitive`).
+PRIMITIVES = ("permute", "two_way_permute", "all_to_all", "all_gather")
+
+
+def primitive_hops(primitive: str, p: int) -> int:
+    """The hops the model counts for one `primitive` over `p` devices on a ring: 1 for a
+    permute; floor(p / 2) for an all-to-all, whose farthest chunk goes halfway round;
+    ceil((p - 1) / 2) for an all-gather over both directions. Each hop pays the latency."""
+    if primitive == "all_to_all":
+        return p // 2
+    return math.ceil((p - 1) / 2) if primitive == "all_gather" else 1
 
 
 _BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of chip figures"
@@ -138,6 +182,7 @@ class Phase:
         sent_bytes: bytes the device sends per hop over all its links together: what one
             network link carries when there is only one (`Chip.links == 1`). Summed over the
             phases' hops it is `wire_bytes`.
+        primitive: the collective that carries its hops (`PRIMITIVES`).
     """
 
     name: str
@@ -147,6 +192,7 @@ class Phase:
     pipelined: bool = False
     quantizes: int = 0
     sent_bytes: float = 0.0
+    primitive: str = "permute"
 
 
 def as_chip(chip) -> Chip:
@@ -187,14 +233,16 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             enc = encoded_bytes(chunk * lead, fmt, dtype)
             out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
                              d * (2 * enc + chunk * lead * itemsize), pipelined=True,
-                             quantizes=2 * d * quantized, sent_bytes=d * enc))
+                             quantizes=2 * d * quantized, sent_bytes=d * enc,
+                             primitive="two_way_permute" if d == 2 else "permute"))
         lead = 1
         for q in reversed(shape):  # gathers run back; arriving chunks are decoded as they come
-            hops = math.ceil((q - 1) / 2)
+            hops = primitive_hops("all_gather", q)
             arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
             decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops)
             out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
-                             pipelined=True, quantizes=quantized, sent_bytes=arriving))
+                             pipelined=True, quantizes=quantized, sent_bytes=arriving,
+                             primitive="all_gather"))
             lead *= q
         return out
     (p,) = shape
@@ -202,21 +250,21 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         chunk = layout(n, p, fmt.block_size if fmt else 1, 1)[0]
         enc = encoded_bytes(chunk, fmt, dtype)
         per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
-        hops = math.ceil((p - 1) / 2)
+        hops = primitive_hops("all_gather", p)
         out += [Phase("encode", 0, 0.0, n * itemsize + p * enc, quantizes=quantized),
                 Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
-                      sent_bytes=(p - 1) * enc / (p // 2)),
+                      sent_bytes=(p - 1) * enc / (p // 2), primitive="all_to_all"),
                 Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc,
                       quantizes=2 * quantized),
                 Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
-                      sent_bytes=(p - 1) * enc / hops),
+                      sent_bytes=(p - 1) * enc / hops, primitive="all_gather"),
                 Phase("decode", 0, 0.0, p * enc + n * itemsize, quantizes=quantized)]
         return out
     # one_shot: every input to everyone, summed everywhere
-    hops = math.ceil((p - 1) / 2)
+    hops = primitive_hops("all_gather", p)
     out += [Phase("encode", 0, 0.0, n * itemsize + enc_all, quantizes=quantized),
             Phase("all-gather", hops, (p - 1) * enc_all / 2 / hops, 0.0,
-                  sent_bytes=(p - 1) * enc_all / hops),
+                  sent_bytes=(p - 1) * enc_all / hops, primitive="all_gather"),
             Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize, quantizes=quantized)]
     return out
 
@@ -228,7 +276,7 @@ def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
         return ph.hbm_bytes / memory + fixed
     k = k if ph.pipelined else 1
     per_hop = ph.sent_bytes if chip.links == 1 else ph.link_bytes
-    m = chip.hop_latency + per_hop / k / chip.link_bandwidth
+    m = chip.hop_latency + per_hop / k / chip.bandwidth(ph.primitive)
     q = ph.hbm_bytes / k / memory + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))

@@ -7,7 +7,10 @@ size the slowest host's seconds (median over repeats), the bytes read from the c
 the sends alone, and `predicted_time` with a `Chip` made of this run's own figures:
 
     link_bandwidth, hop_latency, hbm_bandwidth    the hosts' calibration (medians over hosts)
-    codec_bandwidth                               per format, the hop's dequantize-add-quantize
+    primitive_bandwidth                           each collective primitive, timed on its own
+    codec_bandwidth                               per format, the hop's dequantize-add-quantize;
+                                                  for bf16 rows the unquantized hop replaces
+                                                  hbm_bandwidth (its one memory pass)
 
 Refused before anything starts, with the reason: arguments out of range, a run whose bytes
 alone cannot cross the capped links in time, and host counts this machine cannot serve (each
@@ -26,7 +29,6 @@ stops within a poll, the hosts are killed and every resource removed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -39,14 +41,18 @@ import sys
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .._checks import count
 from ..formats import BYTE_LADDER, UNQUANTIZED
 from . import network
 from .worker import DEVICE_COUNT_FLAG
 
+if TYPE_CHECKING:  # imported where used: the launcher itself runs without jax
+    from ..models.cost import Chip
+
 __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "HOST_MEMORY",
-           "HOST_START_CPU_S", "run", "worker_env"]
+           "HOST_START_CPU_S", "measured_chip", "run", "worker_env"]
 
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot")
 DEFAULT_FORMATS = BYTE_LADDER
@@ -318,17 +324,39 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
     return _report(spec, per_host, reference, link if rate else None, net_text)
 
 
+def measured_chip(calibration: dict, fmt: str, *, name: str = "emulated hosts",
+                  source: str = "measured") -> Chip:
+    """The `Chip` a run's `calibration` (its report's "calibration") prices a `fmt` row with.
+
+    Hosts on a switch (links=1); the link, latency and memory figures as measured; each
+    collective primitive at its own measured rate; and the row's hop (`codec_bytes_per_s
+    FMT`) at its own: a quantized format's as the codec, bf16's (the unquantized hop, the
+    one memory pass of its reduce-scatter) as the memory rate. Runs stored before a figure
+    was measured fall back to the link or memory rate for it.
+    """
+    from ..models.cost import Chip
+
+    hop = calibration.get(f"codec_bytes_per_s {fmt}")
+    memory = calibration["memory_bytes_per_s"]
+    return Chip(name, link_bandwidth=calibration["link_bytes_per_s"],
+                hop_latency=calibration["hop_latency_s"],
+                hbm_bandwidth=hop if fmt == UNQUANTIZED and hop else memory,
+                peak_flops=1.0, links=1, source=source,
+                codec_bandwidth=None if fmt == UNQUANTIZED else hop,
+                primitive_bandwidth={k.split()[1]: v for k, v in calibration.items()
+                                     if k.startswith("primitive_bytes_per_s ")})
+
+
 def _report(spec: dict, per_host: list[dict], reference: dict | None, link, net_text) -> dict:
     """Rows from the hosts' timings: the slowest host per repeat, median over repeats."""
     from ..formats import parse_format
-    from ..models.cost import Chip, predicted_time
+    from ..models.cost import predicted_time
 
     cal = {k: statistics.median(h["calibration"][k] for h in per_host)
            for k in per_host[0]["calibration"]}
-    chip = Chip(f"{spec['hosts']} emulated hosts ({link or 'loopback'})",
-                link_bandwidth=cal["link_bytes_per_s"], hop_latency=cal["hop_latency_s"],
-                hbm_bandwidth=cal["memory_bytes_per_s"], peak_flops=1.0, links=1,
-                source=f"measured in this run: {net_text}")
+    name = f"{spec['hosts']} emulated hosts ({link or 'loopback'})"
+    source = f"measured in this run: {net_text}"
+    chip = measured_chip(cal, UNQUANTIZED, name=name, source=source)
 
     def slowest(key):  # median over repeats of the slowest host's time
         return statistics.median(map(max, zip(*(h["times"][key] for h in per_host),
@@ -345,8 +373,7 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, net_
             "seconds": slowest(key),
             "predicted_seconds": predicted_time(
                 n, spec["hosts"], fmt=parse_format(r["format"]), algorithm=r["algorithm"],
-                chip=dataclasses.replace(chip, codec_bandwidth=cal.get(
-                    f"codec_bytes_per_s {r['format']}"))),
+                chip=measured_chip(cal, r["format"], name=name, source=source)),
             "link_seconds": slowest(key + " wire"),
             "add_seconds": slowest(f"add {r['message_bytes']}"),
             "model_bytes_per_device": r["model_bytes"], "digest": r["digest"],
@@ -362,5 +389,6 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, net_
     return {"hosts": spec["hosts"], "network": net_text, "link": link,
             "repeats": spec["repeats"], "checked_against_one_process": reference is not None,
             "chip": {"link_bandwidth": chip.link_bandwidth, "hop_latency": chip.hop_latency,
-                     "hbm_bandwidth": chip.hbm_bandwidth, "source": chip.source},
+                     "hbm_bandwidth": chip.hbm_bandwidth, "source": chip.source,
+                     "primitive_bandwidth": dict(chip.primitive_bandwidth)},
             "calibration": cal, "results": rows}

@@ -11,9 +11,13 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
     memory    bytes/s (read + written) of `x + 1` over 64 MiB: the model's hbm_bandwidth
     latency   half the round trip of an 8-byte ppermute, over 50 round trips: hop_latency
     link      bytes/s of an 8 MiB ppermute around the ring, latency taken off: link_bandwidth
+    primitive per collective primitive of the model (`cost.PRIMITIVES`), bytes/s sent per host
+              through it, about 8 MiB each, its hops' latency taken off: a one-way permute
+              (the link above), a two-way one (4 MiB each way), an all-to-all, an all-gather
     codec     per format, bytes/s of one ring hop (dequantize what arrives, add the local bf16
               chunk, quantize the sum) over 4M values: exact rounding makes quantizing compute
-              bound on a CPU, unlike `x + 1`
+              bound on a CPU, unlike `x + 1`; for bf16 the unquantized hop (bytes to bf16,
+              add in f32, round to bf16, bytes), which is not one memory pass either
 
 then, per message size x configuration, the AllReduce, the same sends alone on ready-made byte
 buffers (the link part; XLA:CPU does not overlap compute and sends, so the rest is compute) and
@@ -130,11 +134,12 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from ..formats import UNQUANTIZED, parse_format
+    from ..formats import parse_format
+    from ..models.cost import primitive_hops
     from ..models.hlo import hlo_wire_bytes
     from ..models.predict import wire_bytes
     from ..runs.timing import time_calls
-    from ..wire import decode, encode
+    from ..wire import Codec
 
     p = spec["hosts"]
     if jax.process_count() != p or jax.local_device_count() != 1:
@@ -162,17 +167,30 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
         0, trips, lambda _, b: jax.lax.ppermute(jax.lax.ppermute(b, "h", right), "h", left), v),
         mesh=mesh, in_specs=P("h"), out_specs=P("h")))
     latency = timed("latency", bounce, tiny, repeats=5) / (2 * trips)
-    block = global_array(np.ones(8 << 20, np.uint8))
-    shift = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "h", right), mesh=mesh,
-                                  in_specs=P("h"), out_specs=P("h")))
-    link = (8 << 20) / max(timed("link", shift, block) - latency, 1e-9)
-    codec = {}  # per format: the bytes/s of one ring hop's dequantize-add-quantize pass
+    size = (8 << 20) // (4 * (p - 1)) * 4  # all-gather: (p - 1) x size bytes sent, ~8 MiB
+    primitives = {  # name: (the program, its input, bytes each host sends)
+        "permute": (lambda v: jax.lax.ppermute(v, "h", right), 8 << 20, 8 << 20),
+        "two_way_permute": (lambda v: jnp.concatenate([
+            jax.lax.ppermute(v[:, :4 << 20], "h", right),
+            jax.lax.ppermute(v[:, 4 << 20:], "h", left)], axis=1), 8 << 20, 8 << 20),
+        "all_to_all": (lambda v: jax.lax.all_to_all(v.reshape(p, -1), "h", 0, 0).reshape(1, -1),
+                       (8 << 20) // p * p, (8 << 20) // p * (p - 1)),
+        "all_gather": (lambda v: jax.lax.all_gather(v, "h", axis=1, tiled=True), size,
+                       size * (p - 1))}
+    bandwidth = {}
+    for name, (program, length, sent) in primitives.items():
+        run = jax.jit(jax.shard_map(program, mesh=mesh, in_specs=P("h"), out_specs=P("h"),
+                                    check_vma=False))
+        seconds = timed(f"primitive {name}", run, global_array(np.ones(length, np.uint8)))
+        bandwidth[name] = sent / max(seconds - primitive_hops(name, p) * latency, 1e-9)
+    link = bandwidth["permute"]
+    codec = {}  # per format: the bytes/s of one ring hop, dequantize-add-quantize (bf16: add)
     m = 1 << 22
     local = jnp.ones(m, jnp.bfloat16)
-    for name in sorted({fmt for _, fmt in spec["configs"]} - {UNQUANTIZED}):
-        f = parse_format(name)
-        wire = encode(jnp.ones(m, jnp.float32), f)
-        hop = jax.jit(lambda w, v, f=f: encode(decode(w, f, m) + v.astype(jnp.float32), f))
+    for name in sorted({fmt for _, fmt in spec["configs"]}):
+        c = Codec(parse_format(name), jnp.bfloat16)
+        wire = c.encode(jnp.ones(m, c.acc))
+        hop = jax.jit(lambda w, v, c=c: c.encode(c.decode(w, m) + v.astype(c.acc)))
         codec[name] = (2 * wire.size + local.nbytes) / timed(f"codec {name}", hop, wire, local,
                                                               repeats=5)
 
@@ -202,6 +220,8 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"calibration": {"memory_bytes_per_s": memory, "hop_latency_s": latency,
                                    "link_bytes_per_s": link,
+                                   **{f"primitive_bytes_per_s {k}": v
+                                      for k, v in bandwidth.items()},
                                    **{f"codec_bytes_per_s {k}": v for k, v in codec.items()}},
                    "times": times, "runs": runs}, f)
     jax.distributed.shutdown()
