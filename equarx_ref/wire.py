@@ -17,7 +17,8 @@ collectives.py and the Pallas kernels use this one codec, so both send the same 
 `encode` and `decode` are the collectives' hot path: `quantize` straight to wire bytes and
 back, for rows of whole blocks, with the same numerics (`decode` reads the scales as f32 straight
 from their bytes). `encode_raw` and `decode_raw` do the same for an unquantized message: the raw
-little-endian bits of its dtype, through 32-bit integer shifts that Mosaic compiles.
+little-endian bits of its dtype, a bitcast (inside a TPU kernel the same bytes through 32-bit
+integer shifts, which Mosaic compiles).
 """
 
 from __future__ import annotations
@@ -140,22 +141,23 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
     return values.reshape(*buf.shape[:-1], n)
 
 
-def encode_raw(v: jax.Array, dtype) -> jax.Array:
+def encode_raw(v: jax.Array, dtype, *, mosaic: bool = False) -> jax.Array:
     """Values `[..., m]` as the raw bits of `dtype`, little-endian: uint8 `[..., m * itemsize]`.
 
-    What an unquantized message (fmt=None) sends. bf16 and f32 go through 32-bit integer
-    shifts, which Mosaic compiles (it refuses bitcasts between widths); other dtypes (f16,
-    f64) through a bitcast, on the XLA path only."""
+    What an unquantized message (fmt=None) sends: a bitcast, which XLA does in place (the
+    bytes in memory order: little-endian on every machine jax runs on). `mosaic=True`, inside
+    a TPU kernel, builds the same bytes for bf16 and f32 with 32-bit integer shifts, which
+    Mosaic compiles (it refuses bitcasts between widths); XLA:CPU runs those 2-3x slower."""
     dtype = jnp.dtype(dtype)
     v = v.astype(dtype)
-    if dtype in (jnp.float32, jnp.bfloat16):
+    if mosaic and dtype in (jnp.float32, jnp.bfloat16):
         raw = _int32_to_bytes(_bits32(v), dtype.itemsize)
     else:
         raw = lax.bitcast_convert_type(v, jnp.uint8)
     return raw.reshape(*v.shape[:-1], -1)
 
 
-def decode_raw(buf: jax.Array, dtype, m: int) -> jax.Array:
+def decode_raw(buf: jax.Array, dtype, m: int, *, mosaic: bool = False) -> jax.Array:
     """Inverse of `encode_raw`: uint8 `[..., m * itemsize]` -> `dtype` `[..., m]`."""
     dtype = jnp.dtype(dtype)
     if buf.dtype != jnp.uint8 or buf.shape[-1] != m * dtype.itemsize:
@@ -164,6 +166,8 @@ def decode_raw(buf: jax.Array, dtype, m: int) -> jax.Array:
     if dtype.itemsize == 1:
         return lax.bitcast_convert_type(buf, dtype)
     raw = buf.reshape(*buf.shape[:-1], m, dtype.itemsize)
+    if not mosaic:
+        return lax.bitcast_convert_type(raw, dtype)
     if dtype == jnp.float32:
         return lax.bitcast_convert_type(_bytes_to_int32(raw), jnp.float32)
     if dtype == jnp.bfloat16:
@@ -177,10 +181,11 @@ def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
 
 
 class Codec:
-    """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None."""
+    """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None
+    (`mosaic=True` inside a TPU kernel: `encode_raw`)."""
 
-    def __init__(self, fmt: Format | None, dtype):
-        self.fmt = fmt
+    def __init__(self, fmt: Format | None, dtype, *, mosaic: bool = False):
+        self.fmt, self.mosaic = fmt, mosaic
         self.dtype = jnp.dtype(dtype)
         # accumulate in f32 (f64 for f64): fp8 does not promote implicitly, so no promote_types
         self.acc = jnp.dtype(jnp.float64 if self.dtype.itemsize > 4 else jnp.float32)
@@ -189,12 +194,12 @@ class Codec:
     def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
             return encode(v, self.fmt, key=key)
-        return encode_raw(v, self.dtype)
+        return encode_raw(v, self.dtype, mosaic=self.mosaic)
 
     def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
         """uint8 [..., bytes] -> values [..., m] in `dtype` (default: the accumulation dtype)."""
         values = decode(buf, self.fmt, m) if self.fmt is not None else \
-            decode_raw(buf, self.dtype, m)
+            decode_raw(buf, self.dtype, m, mosaic=self.mosaic)
         return values.astype(dtype or self.acc)
 
     def nbytes(self, m: int) -> int:

@@ -50,7 +50,7 @@ def wire_codec(fmt: Format | None, dtype) -> Codec:
     the XLA path's own, so both paths put the same bytes on the wire."""
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
-    return Codec(fmt, value_dtype(dtype))
+    return Codec(fmt, value_dtype(dtype), mosaic=True)
 
 
 def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
