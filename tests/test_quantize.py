@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import equarx_ref as eq
 from equarx_ref.scales import apply_scale
-from equarx_ref.wire import from_bytes, to_bytes
+from equarx_ref.wire import decode_raw, encode_raw, from_bytes, to_bytes
 
 FORMATS = {
     "int8": eq.Format.int8(),
@@ -216,6 +216,25 @@ def test_wire_layout_and_packing():
         assert fmt.nbytes(150) == buf.size
     with pytest.raises(ValueError, match="does not hold"):
         from_bytes(jnp.zeros(7, jnp.uint8), eq.Format.int8(), (32,))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_unquantized_bytes_are_the_same_through_a_bitcast_and_through_shifts(dtype):
+    """The XLA path bitcasts an unquantized message to bytes; a TPU kernel builds them with
+    32-bit shifts (`mosaic=True`). Both must put the same little-endian bytes on the wire, for
+    every bit pattern: signed zeros, subnormals, infinities and NaN payloads included."""
+    uint = jnp.uint16 if dtype == jnp.bfloat16 else jnp.uint32
+    bits = np.random.default_rng(3).integers(0, np.iinfo(uint).max, 4096, dtype=np.uint64)
+    bits = np.concatenate([bits, [0, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001]]).astype(uint)
+    v = jax.lax.bitcast_convert_type(jnp.asarray(bits).reshape(2, -1), dtype)
+    fast, shifted = encode_raw(v, dtype), encode_raw(v, dtype, mosaic=True)
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(shifted))
+    little = np.asarray(bits).astype(np.dtype(uint).newbyteorder("<")).view(np.uint8)
+    np.testing.assert_array_equal(np.asarray(fast).reshape(-1), little)
+    for mosaic in (False, True):
+        back = decode_raw(fast, dtype, v.shape[-1], mosaic=mosaic)
+        np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(back, uint)),
+                                      np.asarray(bits).reshape(2, -1))
 
 
 def test_quantized_is_a_pytree_with_static_metadata():

@@ -32,11 +32,11 @@ COMMANDS = {
     "train-hops.json": "equarx-ref train --hops --json equarx_ref/data/train-hops.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
     "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit --mib 32 {_MULTIHOST} "
-                             "--repeats 3 --json equarx_ref/data/multihost-100mbit.json"),
+                             "--repeats 5 --json equarx_ref/data/multihost-100mbit.json"),
     "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit --mib 32 {_MULTIHOST} "
                              "--repeats 5 --json equarx_ref/data/multihost-1gbit.json"),
     "multihost-loopback.json": (f"equarx-ref bench --hosts 4 --mib 32 {_MULTIHOST} "
-                             "--repeats 3 --json equarx_ref/data/multihost-loopback.json"),
+                             "--repeats 5 --json equarx_ref/data/multihost-loopback.json"),
     # needs libtpu (jax[tpu] of the jax under test): its compilers, run from a CPU machine
     "tpu.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --read-back --jobs 2 "
                  "--json equarx_ref/data/tpu.json"),
