@@ -191,7 +191,8 @@ def _memory_available() -> int | None:
 def check_capacity(hosts: int, sizes, timeout: float) -> None:
     """ValueError with the reason when this machine cannot serve `hosts` hosts of `sizes`
     messages within `timeout` seconds (module essay)."""
-    per_host = HOST_MEMORY + 8 * max(sizes)  # inputs, results, wire buffers, sends alone
+    # inputs, results, and the wire buffers of every configuration, alive while timed together
+    per_host = HOST_MEMORY + 16 * max(sizes)
     available = _memory_available()
     if available is not None and hosts * per_host > available:
         raise ValueError(f"{hosts} hosts need about {hosts * per_host / 2**30:.1f} GiB of "
@@ -274,7 +275,7 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
             "timeout": timeout}
     net_text = (f"{hosts} network namespaces, veth links into a bridge, each capped at {link} "
                 f"(tc tbf)" if rate else f"{hosts} processes on loopback, uncapped")
-    bar = progress_bar(len(sizes) * len(configs) + check, progress, unit="run",
+    bar = progress_bar(len(sizes) * (len(configs) + repeats) + check, progress, unit="step",
                        desc=f"{hosts} hosts" + (f" at {link}" if link else ""))
     job, sigterm = None, None
     if threading.current_thread() is threading.main_thread():  # SIGTERM: clean up, then exit

@@ -19,9 +19,12 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
               bound on a CPU, unlike `x + 1`; for bf16 the unquantized hop (bytes to bf16,
               add in f32, round to bf16, bytes), which is not one memory pass either
 
-then, per message size x configuration, the AllReduce, the same sends alone on ready-made byte
-buffers (the link part; XLA:CPU does not overlap compute and sends, so the rest is compute) and
-a plain add over the message, with the bytes each program sends read from its compiled HLO.
+then, per message size, for every configuration the AllReduce and the same sends alone on
+ready-made byte buffers (the link part; XLA:CPU does not overlap compute and sends, so the rest
+is compute), and a plain add over the message, with the bytes each program sends read from its
+compiled HLO. All of one size are timed round-robin (`time_calls`): the bf16 ring and the
+quantized rows it is compared with take turns, so a drift of the link or the load over the
+minutes of a run reaches them alike.
 
 Failing fast. A host that fails prints its traceback to its log and exits at once (`os._exit`:
 neither JAX's exit handlers, which wait for the other hosts, nor any thread may keep a dead host
@@ -42,6 +45,7 @@ import statistics
 import sys
 import threading
 import traceback
+from functools import partial
 
 __all__ = ["DEVICE_COUNT_FLAG", "reference", "worker"]
 
@@ -149,9 +153,11 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     rows = NamedSharding(mesh, P("h"))
     times: dict[str, list[float]] = {}
 
-    def timed(key, fn, *args, repeats=spec["repeats"]):  # every host starts after a barrier
-        times.update(time_calls({key: lambda: fn(*args)}, repeats,
-                                before=lambda: multihost_utils.sync_global_devices("timed")))
+    def barrier():  # every host starts each timed call together
+        multihost_utils.sync_global_devices("timed")
+
+    def timed(key, fn, *args, repeats=spec["repeats"]):
+        times.update(time_calls({key: lambda: fn(*args)}, repeats, before=barrier))
         return statistics.median(times[key])
 
     def global_array(local):
@@ -194,19 +200,22 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
         codec[name] = (2 * wire.size + local.nbytes) / timed(f"codec {name}", hop, wire, local,
                                                               repeats=5)
 
-    runs, total, done = [], len(spec["sizes"]) * len(spec["configs"]), 0
+    def report(text):
+        if host == 0:
+            print(f"progress {text}", flush=True)
+
+    runs = []
     for nbytes in spec["sizes"]:
         n = nbytes // 2
         x = global_array(_inputs(n, host))
-        timed(f"add {nbytes}", jax.jit(lambda a: a + a), x.addressable_data(0))
+        calls = {f"add {nbytes}": partial(jax.jit(lambda a: a + a), x.addressable_data(0))}
         for algorithm, fmt in spec["configs"]:
             key = f"{algorithm} {fmt} {nbytes}"
             reduce, sends, message_sizes = _programs(mesh, algorithm, fmt, n)
             compiled = reduce.lower(x).compile()
-            timed(key, compiled, x)
             bufs = [global_array(np.ones(size, np.uint8)) for size in message_sizes]
             sends = sends.lower(*bufs).compile()
-            timed(key + " wire", sends, *bufs)
+            calls[key], calls[key + " wire"] = partial(compiled, x), partial(sends, *bufs)
             runs.append({"key": key, "algorithm": algorithm, "format": fmt,
                          "message_bytes": nbytes, "digest": _digest(
                              compiled(x).addressable_data(0)),
@@ -214,9 +223,16 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
                          "wire_hlo_bytes": round(sum(hlo_wire_bytes(sends.as_text(), p).values())),
                          "model_bytes": wire_bytes(n, p, fmt=parse_format(fmt),
                                                    algorithm=algorithm)})
-            done += 1
-            if host == 0:
-                print(f"progress {done}/{total} {algorithm} {fmt} {nbytes >> 20} MiB", flush=True)
+            report(f"compiled {algorithm} {fmt} {nbytes >> 20} MiB")
+        width = len(calls)
+        started = iter(range(width * spec["repeats"]))
+
+        def turn(started=started, size=nbytes >> 20, width=width):  # barrier, progress
+            i = next(started)
+            if i % width == 0:
+                report(f"{size} MiB, round {i // width + 1}/{spec['repeats']}")
+            barrier()
+        times.update(time_calls(calls, spec["repeats"], before=turn))
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"calibration": {"memory_bytes_per_s": memory, "hop_latency_s": latency,
                                    "link_bytes_per_s": link,
