@@ -10,10 +10,15 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
 
     memory    bytes/s (read + written) of `x + 1` over 64 MiB: the model's hbm_bandwidth
     latency   half the round trip of an 8-byte ppermute, over 50 round trips: hop_latency
-    link      bytes/s of an 8 MiB ppermute around the ring, latency taken off: link_bandwidth
+    link      bytes/s of the one-way permute below: link_bandwidth
     primitive per collective primitive of the model (`cost.PRIMITIVES`), bytes/s sent per host
-              through it, about 8 MiB each, its hops' latency taken off: a one-way permute
-              (the link above), a two-way one (4 MiB each way), an all-to-all, an all-gather
+              through it, its hops' latency taken off, each at the size it carries in the
+              run (the largest message M of bf16, at least 1 MiB per chunk): a one-way
+              permute of M/p (the link above: a ring's step), a two-way one (M/2p each way),
+              an all-to-all of M (two-shot's), an all-gather of M/p from each host (the gather
+              phase's). The size matters: timed at 8 MiB each, the primitives ran at 97-99%
+              of the one-way rate at 100 Mbit/s, yet two-shot's sends of a 32 MiB message
+              (an all-to-all of all of it) took 20-30% longer than those rates predicted
     codec     per format, bytes/s of one ring hop (dequantize what arrives, add the local bf16
               chunk, quantize the sum) over 4M values: exact rounding makes quantizing compute
               bound on a CPU, unlike `x + 1`; for bf16 the unquantized hop (bytes to bf16,
@@ -173,16 +178,16 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
         0, trips, lambda _, b: jax.lax.ppermute(jax.lax.ppermute(b, "h", right), "h", left), v),
         mesh=mesh, in_specs=P("h"), out_specs=P("h")))
     latency = timed("latency", bounce, tiny, repeats=5) / (2 * trips)
-    size = (8 << 20) // (4 * (p - 1)) * 4  # all-gather: (p - 1) x size bytes sent, ~8 MiB
+    chunk = max(max(spec["sizes"]) // p, 1 << 20) // 128 * 128  # a ring step's message
     primitives = {  # name: (the program, its input, bytes each host sends)
-        "permute": (lambda v: jax.lax.ppermute(v, "h", right), 8 << 20, 8 << 20),
+        "permute": (lambda v: jax.lax.ppermute(v, "h", right), chunk, chunk),
         "two_way_permute": (lambda v: jnp.concatenate([
-            jax.lax.ppermute(v[:, :4 << 20], "h", right),
-            jax.lax.ppermute(v[:, 4 << 20:], "h", left)], axis=1), 8 << 20, 8 << 20),
+            jax.lax.ppermute(v[:, :chunk // 2], "h", right),
+            jax.lax.ppermute(v[:, chunk // 2:], "h", left)], axis=1), chunk, chunk),
         "all_to_all": (lambda v: jax.lax.all_to_all(v.reshape(p, -1), "h", 0, 0).reshape(1, -1),
-                       (8 << 20) // p * p, (8 << 20) // p * (p - 1)),
-        "all_gather": (lambda v: jax.lax.all_gather(v, "h", axis=1, tiled=True), size,
-                       size * (p - 1))}
+                       chunk * p, chunk * (p - 1)),
+        "all_gather": (lambda v: jax.lax.all_gather(v, "h", axis=1, tiled=True), chunk,
+                       chunk * (p - 1))}
     bandwidth = {}
     for name, (program, length, sent) in primitives.items():
         run = jax.jit(jax.shard_map(program, mesh=mesh, in_specs=P("h"), out_specs=P("h"),
