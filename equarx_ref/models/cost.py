@@ -35,9 +35,9 @@ Each phase names the collective primitive that carries it (`PRIMITIVES`): a ring
 a one-way permute (the bidirectional ring's a two-way one), two-shot's exchange an all-to-all,
 and every gather an all-gather. A `Chip` may price each at its own rate
 (`primitive_bandwidth`): the same bytes cost a network stack different times through different
-primitives (gloo runs a two-way permute, an all-to-all or an all-gather at 70-90% of one large
-one-way permute), so the multi-host benchmark times each; a primitive without its own rate
-runs at `link_bandwidth`.
+primitives (in the stored multi-host runs, on capped links, gloo carried an all-to-all at
+72-83% of a one-way permute's rate, a two-way permute or an all-gather at 93-98%), so the
+multi-host benchmark times each; a primitive without its own rate runs at `link_bandwidth`.
 
 What the model leaves out: contention from other traffic, the real DMA engines and their
 descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
