@@ -148,7 +148,7 @@ def encode_raw(v: jax.Array, dtype, *, mosaic: bool = False) -> jax.Array:
     memory order, little-endian on the CPUs and TPUs jax ships for; a test holds it).
     `mosaic=True`, inside a TPU kernel, builds the same bytes for bf16 and f32 with 32-bit
     integer shifts, which Mosaic compiles (it refuses bitcasts between widths); on XLA:CPU
-    they made the bf16 ring's compute 2.6 times as long."""
+    the bf16 ring took 4.2x a plain add with them and 1.6x with the bitcast."""
     dtype = jnp.dtype(dtype)
     v = v.astype(dtype)
     if mosaic and dtype in (jnp.float32, jnp.bfloat16):
