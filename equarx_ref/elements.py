@@ -121,20 +121,23 @@ def pack_codes(codes: jax.Array, fmt: Format) -> jax.Array:
     return _pack_bits(codes, fmt.elem_bits)
 
 
-def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True) -> jax.Array:
+def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True,
+                    mosaic: bool = False) -> jax.Array:
     """Packed uint8 [..., PB] -> grid values f32 [..., B].
 
     4-bit elements: byte i holds elements i (low nibble) and i + B/2 (high nibble). Two ways to
     unpack them, for XLA:CPU's sake (jax 0.10; measured, quantize.py's essay, "Speed"):
     `from_wire` bytes (decode: they arrive from a collective) as a concatenation of the two
-    nibble halves, which XLA materialises once so that every consumer reads plain bytes;
-    bytes fresh from `quantize` in the same jit (dequantize) through a broadcast, which keeps
-    XLA from fusing the nibble-packing reduction, and with it the whole quantizer, into the
-    unpacking, which jax 0.10.2 runs about ten times slower (int4 9.7x int8).
+    nibble halves, which XLA materialises once so that every consumer reads plain bytes: one
+    byte per element (an int32 one made a ring hop of 4M values, decode + add + encode, 3.0 ms
+    against 1.7 ms; `mosaic=True`, inside a TPU kernel, widens first, as Mosaic in older libtpu
+    has no 8-bit shifts); bytes fresh from `quantize` in the same jit (dequantize) through a
+    broadcast, which keeps XLA from fusing the nibble-packing reduction, and with it the whole
+    quantizer, into the unpacking, which jax 0.10.2 runs about ten times slower (int4 9.7x int8).
     """
-    if fmt.elem_bits == 4 and from_wire:  # widened first: Mosaic (older libtpu) has no 8-bit shifts
-        wide = payload.astype(jnp.int32)
-        c = jnp.concatenate([wide & 0xF, wide >> 4], axis=-1)
+    if fmt.elem_bits == 4 and from_wire:
+        wide = payload.astype(jnp.int32) if mosaic else payload
+        c = jnp.concatenate([wide & 0xF, wide >> 4], axis=-1).astype(jnp.int32)
     elif fmt.elem_bits == 4:
         shifts = 4 * lax.broadcasted_iota(jnp.int32, (2, 1), 0)  # [[0], [4]]
         c = (payload.astype(jnp.int32)[..., None, :] >> shifts) & 0xF  # [..., 2, B/2]

@@ -126,8 +126,9 @@ def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> jax.Ar
     return to_bytes(Quantized(payload, stored, (n,), "float32", fmt))
 
 
-def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
-    """Wire bytes `[..., nbytes]` -> f32 `[..., n]` (inverse of `encode`)."""
+def decode(buf: jax.Array, fmt: Format, n: int, *, mosaic: bool = False) -> jax.Array:
+    """Wire bytes `[..., nbytes]` -> f32 `[..., n]` (inverse of `encode`; `mosaic=True` inside
+    a TPU kernel: 32-bit shifts only)."""
     if n % fmt.block_size:
         raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
                          f"block_size {fmt.block_size} (use from_bytes and dequantize)")
@@ -137,7 +138,7 @@ def decode(buf: jax.Array, fmt: Format, n: int) -> jax.Array:
     rows = buf.reshape(*buf.shape[:-1], n // fmt.block_size, fmt.bytes_per_block)
     split = fmt.payload_bytes_per_block
     scales = _scale_f32_from_bytes(rows[..., split:], fmt)
-    values = apply_scale(decode_elements(rows[..., :split], fmt, from_wire=True), scales, fmt)
+    values = apply_scale(decode_elements(rows[..., :split], fmt, mosaic=mosaic), scales, fmt)
     return values.reshape(*buf.shape[:-1], n)
 
 
@@ -183,7 +184,7 @@ def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
 
 class Codec:
     """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None
-    (`mosaic=True` inside a TPU kernel: `encode_raw`)."""
+    (`mosaic=True` inside a TPU kernel: 32-bit integer operations only)."""
 
     def __init__(self, fmt: Format | None, dtype, *, mosaic: bool = False):
         self.fmt, self.mosaic = fmt, mosaic
@@ -199,7 +200,7 @@ class Codec:
 
     def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
         """uint8 [..., bytes] -> values [..., m] in `dtype` (default: the accumulation dtype)."""
-        values = decode(buf, self.fmt, m) if self.fmt is not None else \
+        values = decode(buf, self.fmt, m, mosaic=self.mosaic) if self.fmt is not None else \
             decode_raw(buf, self.dtype, m, mosaic=self.mosaic)
         return values.astype(dtype or self.acc)
 
