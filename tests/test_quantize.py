@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 import equarx_ref as eq
 from equarx_ref.scales import apply_scale
-from equarx_ref import wire
-from equarx_ref.wire import decode_raw, encode_raw, from_bytes, to_bytes
+from equarx_ref.wire import decode, decode_raw, encode, encode_raw, from_bytes, to_bytes
 
 FORMATS = {
     "int8": eq.Format.int8(),
@@ -245,16 +244,16 @@ def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
     fmt = eq.parse_format(name)
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.standard_normal((3, 8 * fmt.block_size), dtype=np.float32))
-    buf = np.array(wire.encode(x, fmt)).reshape(3, -1, fmt.bytes_per_block)
+    buf = np.array(encode(x, fmt)).reshape(3, -1, fmt.bytes_per_block)
     payload = fmt.payload_bytes_per_block
     buf[..., :payload] = rng.integers(0, 256, buf[..., :payload].shape)  # every nibble pair
     buf[0, 0, :payload] = np.arange(payload) * 17 % 256
     buf = jnp.asarray(buf.reshape(3, -1))
     n = x.shape[-1]
-    np.testing.assert_array_equal(np.asarray(wire.decode(buf, fmt, n)),
-                                  np.asarray(wire.decode(buf, fmt, n, mosaic=True)))
+    np.testing.assert_array_equal(np.asarray(decode(buf, fmt, n)),
+                                  np.asarray(decode(buf, fmt, n, mosaic=True)))
     q = from_bytes(buf[0], fmt, (n,))
-    np.testing.assert_array_equal(np.asarray(wire.decode(buf[0], fmt, n)),
+    np.testing.assert_array_equal(np.asarray(decode(buf[0], fmt, n)),
                                   np.asarray(eq.dequantize(q)))
 
 
