@@ -173,11 +173,15 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax
         buf = typed_all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
     # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
     # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
-    values = codec.decode(buf.reshape(p * k, -1), m, dtype)
+    # The rows are put in chunk order as bytes, before decoding: decoding int4 into a
+    # transposed order took 1.8x as long as into rows in place (16M values, XLA:CPU).
+    buf = buf.reshape(p * k, -1)
     if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
-        return values.reshape(p, k, m).swapaxes(0, 1).reshape(p * k, m)
-    order = [c for d in range(p) for c in owned[d]]
-    return jnp.take(values, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
+        buf = buf.reshape(p, k, -1).swapaxes(0, 1).reshape(p * k, -1)
+    else:
+        order = [c for d in range(p) for c in owned[d]]
+        buf = jnp.take(buf, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
+    return codec.decode(buf, m, dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9))
