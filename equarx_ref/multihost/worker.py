@@ -9,7 +9,11 @@ results must be, and are checked to be, bitwise those of one process with N simu
 What a host measures (all hosts at once, each call after a barrier, `runs.timing`):
 
     memory    bytes/s (read + written) of `x + 1` over 64 MiB: the model's hbm_bandwidth
-    latency   half the round trip of an 8-byte ppermute, over 50 round trips: hop_latency
+    latency   the fixed cost of one ring step: a one-way permute timed at two sizes, the run's
+              smallest step (at most 1/16 of the largest) and its largest, fitted as
+              latency + bytes / rate (clipped at 0): hop_latency. An 8-byte ping-pong put it at
+              1.1-1.4 ms at 1 Gbit/s, while 1 MiB rings took 0.2 ms a step above their bytes,
+              and the model ran 21-91% slow at 1 MiB
     link      bytes/s of the one-way permute below: link_bandwidth
     primitive per collective primitive of the model (`cost.PRIMITIVES`), bytes/s sent per host
               through it, its hops' latency taken off, each at the size it carries in the
@@ -171,14 +175,14 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     # calibration: memory, latency, link, codec (module essay)
     x = jnp.zeros(1 << 24, jnp.float32)
     memory = 2 * x.nbytes / timed("memory", jax.jit(lambda v: v + 1), x, repeats=5)
-    tiny = global_array(np.zeros(8, np.uint8))
     right, left = [(i, (i + 1) % p) for i in range(p)], [((i + 1) % p, i) for i in range(p)]
-    trips = 50
-    bounce = jax.jit(jax.shard_map(lambda v: jax.lax.fori_loop(
-        0, trips, lambda _, b: jax.lax.ppermute(jax.lax.ppermute(b, "h", right), "h", left), v),
-        mesh=mesh, in_specs=P("h"), out_specs=P("h")))
-    latency = timed("latency", bounce, tiny, repeats=5) / (2 * trips)
     chunk = max(max(spec["sizes"]) // p, 1 << 20) // 128 * 128  # a ring step's message
+    small = max(min(min(spec["sizes"]) // p, chunk // 16) // 128 * 128, 128)
+    step = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "h", right), mesh=mesh,
+                                 in_specs=P("h"), out_specs=P("h")))
+    t_small, t_chunk = (timed(f"latency {size}", step, global_array(np.ones(size, np.uint8)))
+                        for size in (small, chunk))
+    latency = max(t_small - small * (t_chunk - t_small) / (chunk - small), 0.0)
     primitives = {  # name: (the program, its input, bytes each host sends)
         "permute": (lambda v: jax.lax.ppermute(v, "h", right), chunk, chunk),
         "two_way_permute": (lambda v: jnp.concatenate([
