@@ -251,12 +251,21 @@ def test_readme_time_tables_agree_with_the_json():
     for name in [n for n in data.names() if n.startswith("multihost-")]:
         result = data.load(name)
         assert f"`{result['command']}`" in README.read_text(encoding="utf-8"), name
+        link = result["link"] or "loopback"
+        sizes = sorted({r["message_bytes"] for r in result["results"]})
         for r in result["results"]:
-            found = [c for c in lines if c[:3] == [result["link"] or "loopback",
-                                                   r["algorithm"], r["format"]]
-                     and f"{r['seconds']:.3f} s" in c]
+            mib = f"{r['message_bytes'] / 2**20:g} MiB"
+            grid = [c for c in lines if c[:3] == [link, r["algorithm"], r["format"]]
+                    and len(c) == 3 + len(sizes)]  # model / measured per size
+            assert len(grid) == 1, f"README: {name} {r['algorithm']} {r['format']}: no model row"
+            ratio = grid[0][3 + sizes.index(r["message_bytes"])]
+            assert ratio == f"{r['predicted_seconds'] / r['seconds']:.2f}", (name, r, ratio)
+            if r["message_bytes"] != 32 << 20:  # the README's full rows are the 32 MiB ones
+                continue
+            found = [c for c in lines if c[:4] == [link, r["algorithm"], r["format"], mib]
+                     and f"{r['seconds']:.4f} s" in c]
             assert len(found) == 1, f"README: no row for {name} {r['algorithm']} {r['format']}"
-            assert f"{r['predicted_seconds']:.3f} s" in found[0]
+            assert f"{r['predicted_seconds']:.4f} s" in found[0]
             assert f"{r['speedup_vs_bf16']:.2f}x" in found[0]
 
 

@@ -17,7 +17,8 @@ import sys
 from . import provenance
 from .common import ROOT
 
-_MULTIHOST = "--algorithms ring bidir_ring two_shot --formats bf16 int8 int4"
+_MULTIHOST = ("--mib 1 8 32 64 --algorithms ring bidir_ring two_shot --formats bf16 int8 int4 "
+              "--repeats 5")
 COMMANDS = {
     "demo.json": "equarx-ref demo --json equarx_ref/data/demo.json",
     "bench.json": "equarx-ref bench --json equarx_ref/data/bench.json",
@@ -31,12 +32,12 @@ COMMANDS = {
     "train.json": "equarx-ref train --no-progress --json equarx_ref/data/train.json",
     "train-hops.json": "equarx-ref train --hops --json equarx_ref/data/train-hops.json",
     # as root: 4 processes, each in a network namespace with its link capped (multihost.py)
-    "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit --mib 32 {_MULTIHOST} "
-                             "--repeats 5 --json equarx_ref/data/multihost-100mbit.json"),
-    "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit --mib 32 {_MULTIHOST} "
-                             "--repeats 5 --json equarx_ref/data/multihost-1gbit.json"),
-    "multihost-loopback.json": (f"equarx-ref bench --hosts 4 --mib 32 {_MULTIHOST} "
-                             "--repeats 5 --json equarx_ref/data/multihost-loopback.json"),
+    "multihost-100mbit.json": (f"equarx-ref bench --hosts 4 --link 100mbit {_MULTIHOST} "
+                               "--timeout 2400 --json equarx_ref/data/multihost-100mbit.json"),
+    "multihost-1gbit.json": (f"equarx-ref bench --hosts 4 --link 1gbit {_MULTIHOST} "
+                             "--json equarx_ref/data/multihost-1gbit.json"),
+    "multihost-loopback.json": (f"equarx-ref bench --hosts 4 {_MULTIHOST} "
+                                "--json equarx_ref/data/multihost-loopback.json"),
     # needs libtpu (jax[tpu] of the jax under test): its compilers, run from a CPU machine
     "tpu.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --read-back --jobs 2 "
                  "--json equarx_ref/data/tpu.json"),

@@ -14,6 +14,7 @@ from .common import Section, png, table
 #: the byte bounds are 1.88x (int8) and 3.56x (int4).
 TARGETS = {("100mbit", "ring", "int8"): 1.85, ("100mbit", "ring", "int4"): 3.5,
            ("1gbit", "ring", "int8"): 1.6}
+TARGET_MIB = 32  # the message size the targets, the tables' main rows and the figures take
 MODEL_TOLERANCE = 0.2  # the model within 20% of every measured time
 
 
@@ -31,13 +32,28 @@ def runs() -> list[dict]:
     return sorted(found, key=lambda r: _rate(r.get("link")))
 
 
+def _mib(row: dict) -> float:
+    return row["message_bytes"] / 2**20
+
+
+def _sizes(result: dict) -> list[float]:
+    return sorted({_mib(r) for r in result["results"]})
+
+
+def _ratio(row: dict) -> float:
+    return row["predicted_seconds"] / row["seconds"]
+
+
+def _error(row: dict) -> float:
+    return _ratio(row) - 1
+
+
 def setting(result: dict) -> str:
-    c = result["chip"]
-    mib = result["results"][0]["message_bytes"] / 2**20
-    return (f"{result['network']}; {mib:g} MiB of bf16 per host; measured in the same run: link "
-            f"{c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, hop latency "
-            f"{c['hop_latency'] * 1e3:.2f} ms, memory {c['hbm_bandwidth'] / 1e9:.2f} GB/s; "
-            "per primitive (Mbit/s sent per host): " + ", ".join(
+    c, sizes = result["chip"], _sizes(result)
+    return (f"{result['network']}; {', '.join(f'{m:g}' for m in sizes)} MiB of bf16 per host; "
+            f"measured in the same run: link {c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, hop "
+            f"latency {c['hop_latency'] * 1e3:.2f} ms, memory {c['hbm_bandwidth'] / 1e9:.2f} "
+            "GB/s; per primitive (Mbit/s sent per host): " + ", ".join(
                 f"{k.replace('_', ' ')} {v * 8 / 1e6:.0f}"
                 for k, v in c.get("primitive_bandwidth", {}).items()) +
             "; per hop (GB/s): " + ", ".join(
@@ -46,37 +62,56 @@ def setting(result: dict) -> str:
             " (the `Chip` the model uses, `multihost.launcher.measured_chip`). CPU timings.")
 
 
-def rows_table(result: dict) -> str:
-    rows = result["results"]
-    base = next(r["wire_bytes_per_device"] for r in rows
-                if (r["algorithm"], r["format"]) == ("ring", "bf16"))
+def rows_table(result: dict, mib: float | None = None) -> str:
+    """Every row of the run, or only those of `mib` MiB."""
+    rows = [r for r in result["results"] if mib is None or _mib(r) == mib]
+    base = {_mib(r): r["wire_bytes_per_device"] for r in rows
+            if (r["algorithm"], r["format"]) == ("ring", "bf16")}
     return table(
-        ["link", "algorithm", "format", "measured", "model", "model / measured", "link time",
-         "compute", "vs bf16 ring", "bytes alone", "bitwise"],
-        [[result.get("link") or "loopback", r["algorithm"], r["format"],
-          f"{r['seconds']:.3f} s", f"{r['predicted_seconds']:.3f} s",
-          f"{r['predicted_seconds'] / r['seconds']:.2f}", f"{r['link_seconds']:.3f} s",
-          f"{r['compute_seconds']:.3f} s", f"{r['speedup_vs_bf16']:.2f}x",
-          f"{base / r['wire_bytes_per_device']:.2f}x", "yes" if r["bitwise_equal"] else "NO"]
-         for r in rows])
+        ["link", "algorithm", "format", "message", "measured", "model", "model / measured",
+         "link time", "compute", "vs bf16 ring", "bytes alone", "bitwise"],
+        [[result.get("link") or "loopback", r["algorithm"], r["format"], f"{_mib(r):g} MiB",
+          f"{r['seconds']:.4f} s", f"{r['predicted_seconds']:.4f} s",
+          f"{_ratio(r):.2f}", f"{r['link_seconds']:.4f} s",
+          f"{r['compute_seconds']:.4f} s", f"{r['speedup_vs_bf16']:.2f}x",
+          f"{base[_mib(r)] / r['wire_bytes_per_device']:.2f}x",
+          "yes" if r["bitwise_equal"] else "NO"] for r in rows])
+
+
+def model_table(result: dict) -> str:
+    """Model / measured per row and message size: where the model holds and where not."""
+    sizes = _sizes(result)
+    cells = {(r["algorithm"], r["format"], _mib(r)): r for r in result["results"]}
+    configs = list(dict.fromkeys((r["algorithm"], r["format"]) for r in result["results"]))
+    return table(["link", "algorithm", "format", *(f"{m:g} MiB" for m in sizes)],
+                 [[result.get("link") or "loopback", a, f, *(
+                     f"{_ratio(cells[a, f, m]):.2f}" if (a, f, m) in cells else "-"
+                     for m in sizes)] for a, f in configs])
 
 
 def verdicts(result: dict) -> str:
     """The targets this run can be held to, each with its measured figure."""
-    rows = {(r["algorithm"], r["format"]): r for r in result["results"]}
+    main = {(r["algorithm"], r["format"]): r for r in result["results"]
+            if _mib(r) == TARGET_MIB}
     out = []
     for (link, alg, fmt), target in TARGETS.items():
-        if link == result.get("link") and (alg, fmt) in rows:
-            got = rows[alg, fmt]["speedup_vs_bf16"]
-            out.append(f"{alg} {fmt} {got:.2f}x over the bf16 ring (target >= {target}x: "
-                       f"{'met' if got >= target else 'not met'})")
-    worst = max(abs(r["predicted_seconds"] / r["seconds"] - 1) for r in rows.values())
-    out.append(f"the model within {worst:.0%} of every measured time (target "
-               f"{MODEL_TOLERANCE:.0%}: {'met' if worst <= MODEL_TOLERANCE else 'not met'})")
-    rings = [(f, rows["ring", f]) for f in ("bf16", "int8", "int4") if ("ring", f) in rows]
+        if link == result.get("link") and (alg, fmt) in main:
+            got = main[alg, fmt]["speedup_vs_bf16"]
+            out.append(f"{alg} {fmt} {got:.2f}x over the bf16 ring at {TARGET_MIB} MiB (target "
+                       f">= {target}x: {'met' if got >= target else 'not met'})")
+    rows = result["results"]
+    worst = max(rows, key=lambda r: abs(_error(r)))
+    err = abs(_error(worst))
+    out.append(f"the model within {err:.0%} of every measured time (target "
+               f"{MODEL_TOLERANCE:.0%}: {'met' if err <= MODEL_TOLERANCE else 'not met'}; "
+               f"worst: {worst['algorithm']} {worst['format']} at {_mib(worst):g} MiB); per size, "
+               "the worst: " + ", ".join(
+                   f"{m:g} MiB {max(abs(_error(r)) for r in rows if _mib(r) == m):.0%}"
+                   for m in _sizes(result)))
+    rings = [(f, main["ring", f]) for f in ("bf16", "int8", "int4") if ("ring", f) in main]
     if rings:
-        out.append(f"ring compute (measured minus link) against a plain add over the message "
-                   f"({rings[0][1]['add_seconds']:.3f} s): " + ", ".join(
+        out.append(f"ring compute (measured minus link) against a plain add over the "
+                   f"{TARGET_MIB} MiB message ({rings[0][1]['add_seconds']:.3f} s): " + ", ".join(
                        f"{f} {r['compute_seconds'] / r['add_seconds']:.1f}x" for f, r in rings))
     return "; ".join(out) + "."
 
@@ -96,7 +131,7 @@ def _notes() -> str:
 
 
 def results() -> Section:
-    """The Results page: per stored run, its command, table, verdicts and figure."""
+    """The Results page: per stored run, its command, tables, verdicts and figure."""
     import matplotlib.pyplot as plt
 
     from equarx_ref.viz import plot_measured
@@ -109,19 +144,23 @@ def results() -> Section:
         name = result.get("link") or "loopback"
         path = f"assets/results/multihost-{name}.png"
         _, ax = plt.subplots(figsize=(7.5, 3.8))
-        plot_measured(result["results"], ax=ax, title=f"{result['hosts']} hosts at {name}: "
-                      "CPU timings against the model")
+        plot_measured([r for r in result["results"] if _mib(r) == TARGET_MIB], ax=ax,
+                      title=f"{result['hosts']} hosts at {name}, {TARGET_MIB} MiB: CPU timings "
+                      "against the model")
         figures[path] = png(ax.figure)
         parts += [f"```bash\n{result['command']}\n```", "", setting(result), "",
-                  rows_table(result), "", verdicts(result), "",
+                  rows_table(result), "", "Model / measured per message size:", "",
+                  model_table(result), "", verdicts(result), "",
                   f"![Measured and modelled seconds per AllReduce at {name}]({path})", ""]
     return Section("\n".join([*parts, _notes(), ""]), figures)
 
 
 def readme() -> str:
-    """The README's block: per stored run, its command, setting, table and verdicts."""
+    """The README's block: per stored run, its command, setting, the target size's rows, the
+    model's error per size and the verdicts."""
     stored = runs()
     if not stored:
         return _missing() + "\n"
-    return "\n".join(f"`{r['command']}`: {setting(r)}\n\n{rows_table(r)}\n\n{verdicts(r)}\n"
-                     for r in stored)
+    return "\n".join(f"`{r['command']}`: {setting(r)}\n\n{rows_table(r, TARGET_MIB)}\n\n"
+                     f"Model / measured per message size:\n\n{model_table(r)}\n\n"
+                     f"{verdicts(r)}\n" for r in stored)
