@@ -61,7 +61,7 @@ def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
 
 def _hop_kernel(fmt: Format, m: int, wire_ref, local_ref, out_ref):
     # one pass: bytes and local values in, the f32 sum stays on chip, the next message out
-    total = decode(wire_ref[...], fmt, m) + local_ref[...].astype(jnp.float32)
+    total = decode(wire_ref[...], fmt, m, mosaic=True) + local_ref[...].astype(jnp.float32)
     out_ref[...] = encode(total, fmt)
 
 
