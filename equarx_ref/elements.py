@@ -131,9 +131,10 @@ def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True,
     nibble halves, which XLA materialises once so that every consumer reads plain bytes: one
     byte per element (an int32 one made a ring hop of 4M values, decode + add + encode, 3.0 ms
     against 1.7 ms; `mosaic=True`, inside a TPU kernel, widens first: Mosaic refuses shifts of
-    8-bit vectors, "failed to legalize arith.shrui", libtpu of jax 0.10); bytes fresh from `quantize` in the same jit (dequantize) through a
-    broadcast, which keeps XLA from fusing the nibble-packing reduction, and with it the whole
-    quantizer, into the unpacking, which jax 0.10.2 runs about ten times slower (int4 9.7x int8).
+    8-bit vectors, "failed to legalize arith.shrui", libtpu of jax 0.10); bytes fresh from
+    `quantize` in the same jit (dequantize) through a broadcast, which keeps XLA from fusing the
+    nibble-packing reduction, and with it the whole quantizer, into the unpacking, which jax
+    0.10.2 runs about ten times slower (int4 9.7x int8).
     """
     if fmt.elem_bits == 4 and from_wire:
         wide = payload.astype(jnp.int32) if mosaic else payload

@@ -21,6 +21,8 @@ from .options import (
     write_json,
 )
 
+TIMEOUT_S = 600  # --timeout's default: a run's record names --timeout only when it differs
+
 
 def add_demo(sub) -> None:
     p = sub.add_parser("demo", help=COMMANDS["demo"][0],
@@ -109,8 +111,8 @@ def add_bench(sub) -> None:
                    default=list(DEFAULT_FORMATS),
                    help=f"with --hosts: {UNQUANTIZED} (unquantized), {', '.join(FORMAT_NAMES)} "
                    f"or a variant such as int4/b16 (default: {' '.join(DEFAULT_FORMATS)})")
-    p.add_argument("--timeout", type=at_least(10), default=600,
-                   help="with --hosts: seconds the whole run may take (default 600)")
+    p.add_argument("--timeout", type=at_least(10), default=TIMEOUT_S,
+                   help=f"with --hosts: seconds the whole run may take (default {TIMEOUT_S})")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the results as JSON ('-' for stdout, then the table goes to "
                    "stderr)")
@@ -149,7 +151,9 @@ def cmd_bench_hosts(args) -> int:
     command = ["equarx-ref", "bench", "--hosts", str(args.hosts),
                *(["--link", args.link] if args.link else []), "--mib", *map(str, mib),
                "--algorithms", *args.algorithms, "--formats", *args.formats,
-               "--repeats", str(repeats), *(["--json", args.json] if args.json else [])]
+               "--repeats", str(repeats),
+               *(["--timeout", f"{args.timeout:g}"] if args.timeout != TIMEOUT_S else []),
+               *(["--json", args.json] if args.json else [])]
     try:
         result = launcher.run(args.hosts, link=args.link, sizes=[m << 20 for m in mib],
                               algorithms=args.algorithms, formats=args.formats,
