@@ -124,6 +124,26 @@ def test_primitive_rates_are_named_and_kept_in_one_order():
         eq.Chip("c", 1e9, 1e-6, 1e10, 1.0, primitive_bandwidth={"psum": 1e9})
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+def test_a_result_of_fresh_pages_costs_its_first_touch_once(algorithm):
+    """With `fresh_bandwidth`, a result of `FRESH_BYTES` or more (malloc maps it anew on every
+    call) adds its bytes at that rate, once per AllReduce, whatever the format or depth; a
+    smaller one, one device, or a chip without the rate adds nothing."""
+    chip = eq.Chip("hosts", link_bandwidth=1e8, hop_latency=1e-4, hbm_bandwidth=1e9,
+                   peak_flops=1.0, links=1)
+    fresh = dataclasses.replace(chip, fresh_bandwidth=2e9)
+    for n, p in [(cost.FRESH_BYTES // 2, 4), (3 << 24, 4), (cost.FRESH_BYTES // 2 - 1, 4),
+                 (3 << 24, 1)]:
+        for fmt, k in [(INT8, 1), (None, 4)]:
+            k = k if algorithm == "ring" else 1
+            base, t = (eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=c,
+                                         num_chunks=k) for c in (chip, fresh))
+            touched = 2 * n >= cost.FRESH_BYTES and p > 1
+            assert t == pytest.approx(base + 2 * n / 2e9 * touched, rel=1e-12), (n, p, fmt)
+    with pytest.raises(ValueError, match="fresh_bandwidth"):
+        dataclasses.replace(chip, fresh_bandwidth=0.0)
+
+
 def test_one_device_or_empty_costs_nothing_and_bad_input_is_refused():
     assert eq.predicted_time(0, 8, fmt=INT8, algorithm="ring", chip="v5e") == 0.0
     assert eq.predicted_time(100, 1, fmt=INT8, algorithm="ring", chip="v5e") == 0.0

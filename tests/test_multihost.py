@@ -2,6 +2,7 @@
 left behind (namespaces, links, hosts files, processes) however the launcher ends. Failures end
 the run at once, named: a host that fails, a taken port, the time limit, a machine too small."""
 
+import json
 import os
 import signal
 import socket
@@ -149,6 +150,32 @@ def _exit_code(argv: list[str]) -> int:
 def test_bad_flags(argv, message, capsys):
     assert _exit_code(["bench", *argv.split()]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, recorded", [([], None), (["--timeout", "2400"], 2400)])
+def test_the_record_names_the_time_limit_it_ran_with(flags, recorded, monkeypatch, tmp_path):
+    """The command a run stores is the one that reproduces it: --timeout when not the
+    default, since a slow link needs it (the launcher is replaced: no hosts start)."""
+    row = {"algorithm": "ring", "format": "bf16", "message_bytes": 1 << 20, "seconds": 1.0,
+           "wire_bytes_per_device": 1, "predicted_seconds": 1.0, "speedup_vs_bf16": 1.0,
+           "link_seconds": 1.0, "compute_seconds": 0.0, "add_seconds": 0.1,
+           "bitwise_equal": True}
+    got = {}
+
+    def run(hosts, **kw):
+        got.update(kw)
+        return {"network": "fake", "calibration": {"memory_bytes_per_s": 1e9},
+                "chip": {"link_bandwidth": 1e8, "hop_latency": 0.0, "fresh_bandwidth": 1e9},
+                "results": [row]}
+
+    monkeypatch.setattr(launcher, "run", run)
+    out = tmp_path / "run.json"
+    assert cli.main(["bench", "--hosts", "2", "--mib", "1", *flags, "--json", str(out)]) == 0
+    command = json.loads(out.read_text())["command"].split()
+    assert got["timeout"] == (recorded or cli.collectives.TIMEOUT_S)
+    assert ("--timeout" in command) == bool(recorded)
+    if recorded:
+        assert command[command.index("--timeout") + 1] == str(recorded)
 
 
 @as_root

@@ -52,8 +52,10 @@ def setting(result: dict) -> str:
     c, sizes = result["chip"], _sizes(result)
     return (f"{result['network']}; {', '.join(f'{m:g}' for m in sizes)} MiB of bf16 per host; "
             f"measured in the same run: link {c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, hop "
-            f"latency {c['hop_latency'] * 1e3:.2f} ms, memory {c['hbm_bandwidth'] / 1e9:.2f} "
-            "GB/s; per primitive (Mbit/s sent per host): " + ", ".join(
+            f"latency {c['hop_latency'] * 1e3:.2f} ms, memory "
+            f"{result['calibration']['memory_bytes_per_s'] / 1e9:.2f} GB/s, fresh pages "
+            f"{c['fresh_bandwidth'] / 1e9:.2f} GB/s; per primitive (Mbit/s sent per host): "
+            + ", ".join(
                 f"{k.replace('_', ' ')} {v * 8 / 1e6:.0f}"
                 for k, v in c.get("primitive_bandwidth", {}).items()) +
             "; per hop (GB/s): " + ", ".join(
@@ -108,6 +110,10 @@ def verdicts(result: dict) -> str:
                "the worst: " + ", ".join(
                    f"{m:g} MiB {max(abs(_error(r)) for r in rows if _mib(r) == m):.0%}"
                    for m in _sizes(result)))
+    beyond = [r for r in rows if abs(_error(r)) > MODEL_TOLERANCE]
+    if beyond:
+        out.append(f"the rows beyond {MODEL_TOLERANCE:.0%} (model / measured): " + ", ".join(
+            f"{r['algorithm']} {r['format']} {_mib(r):g} MiB {_ratio(r):.2f}" for r in beyond))
     rings = [(f, main["ring", f]) for f in ("bf16", "int8", "int4") if ("ring", f) in main]
     if rings:
         out.append(f"ring compute (measured minus link) against a plain add over the "

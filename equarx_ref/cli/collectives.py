@@ -165,8 +165,10 @@ def cmd_bench_hosts(args) -> int:
     out = sys.stderr if args.json == "-" else sys.stdout
     c = result["chip"]
     print(f"{result['network']}; measured: link {c['link_bandwidth'] * 8 / 1e6:.0f} Mbit/s, "
-          f"hop latency {c['hop_latency'] * 1e6:.0f} us, memory {c['hbm_bandwidth'] / 1e9:.2f} "
-          f"GB/s per host (these make the model's Chip)", file=out)
+          f"hop latency {c['hop_latency'] * 1e6:.0f} us, memory "
+          f"{result['calibration']['memory_bytes_per_s'] / 1e9:.2f} GB/s, fresh pages "
+          f"{c['fresh_bandwidth'] / 1e9:.2f} GB/s per host (these make the model's Chip)",
+          file=out)
     print(table(["algorithm", "format", "message", "bytes/device", "seconds", "model",
                  "vs bf16 ring", "link", "compute", "plain add", "bitwise"],
                 [[r["algorithm"], r["format"], bytes_text(r["message_bytes"]),

@@ -11,16 +11,16 @@ bytes in, and (bits_per_element / 8) bytes out: for int8 and bf16 inputs 1.06 + 
 4.1 bytes, so at HBM bandwidth B the hop can run at most at B / 4.1 values per second. That
 bound is what `kernels.measure` compares the kernel's GB/s against on a TPU.
 
-The kernel body calls the package's own `wire.encode` and `wire.decode` on the values
-it loaded, so it is bitwise the XLA path for every format by construction (tested for int8,
-int4, fp8 and MX formats in interpret mode). That code is written for Mosaic, the TPU kernel
-compiler, which refuses bitcasts between types of different widths, compares and shifts on
-narrow integers and `isfinite` on bf16: the scale bytes are packed with 32-bit integer shifts,
-bf16 scales are read back as f32, bit streams go word by word through int32. Compiled with
-libtpu for v5e and v6e from a CPU machine (`runs/tpu_compile.py`'s `compile_hop`, the compile
-tier of tests/run.sh, record in equarx_ref/data/tpu.json), the hop builds for int8, int4, fp8_e4m3,
-fp8_e5m2, mxfp8, mxfp6_e2m3 and mxfp4 (for v5p too; not for v4, whose Mosaic refuses to
-reshape bytes into the codec's rows: `kernels/ring.py`).
+The kernel body calls the package's own codec (`wire_codec`: `wire.encode` and `wire.decode` in
+their Mosaic form) on the values it loaded, so it is bitwise the XLA path for every format by
+construction (tested for int8, int4, fp8 and MX formats in interpret mode). That code is written for
+Mosaic, the TPU kernel compiler, which refuses bitcasts between types of different widths, compares
+and shifts on narrow integers and `isfinite` on bf16: the scale bytes are packed with 32-bit integer
+shifts, bf16 scales are read back as f32, bit streams go word by word through int32. Compiled with
+libtpu for v5e and v6e from a CPU machine (`runs/tpu_compile.py`'s `compile_hop`, the compile tier
+of tests/run.sh, record in equarx_ref/data/tpu.json), the hop builds for int8, int4, fp8_e4m3,
+fp8_e5m2, mxfp8, mxfp6_e2m3 and mxfp4 (for v5p too; not for v4, whose Mosaic refuses to reshape
+bytes into the codec's rows: `kernels/ring.py`).
 Compiled is not run: no TPU timing of this kernel is claimed here; on a TPU `equarx-ref
 kernels` measures it.
 
@@ -59,10 +59,9 @@ def hop_reference(wire: jax.Array, local: jax.Array, fmt: Format) -> jax.Array:
     return encode(decode(wire, fmt, local.shape[-1]) + local.astype(jnp.float32), fmt)
 
 
-def _hop_kernel(fmt: Format, m: int, wire_ref, local_ref, out_ref):
+def _hop_kernel(codec: Codec, m: int, wire_ref, local_ref, out_ref):
     # one pass: bytes and local values in, the f32 sum stays on chip, the next message out
-    total = decode(wire_ref[...], fmt, m, mosaic=True) + local_ref[...].astype(jnp.float32)
-    out_ref[...] = encode(total, fmt)
+    out_ref[...] = codec.encode(codec.decode(wire_ref[...], m) + local_ref[...].astype(codec.acc))
 
 
 def _check_hop(wire, local, fmt) -> tuple[jax.Array, jax.Array, int, int]:
@@ -105,7 +104,7 @@ def fused_hop(wire: jax.Array, local: jax.Array, fmt: Format, *, block_rows: int
     interpret = backend.interpret_params(interpret)
     nbytes = wire.shape[1]
     return pl.pallas_call(
-        functools.partial(_hop_kernel, fmt, m),
+        functools.partial(_hop_kernel, wire_codec(fmt, local.dtype), m),
         out_shape=jax.ShapeDtypeStruct(wire.shape, jnp.uint8),
         grid=(rows // block_rows,),
         in_specs=[pl.BlockSpec((block_rows, nbytes), lambda i: (i, 0)),

@@ -39,6 +39,12 @@ primitives (in the stored multi-host runs, on capped links, gloo carried an all-
 72-83% of a one-way permute's rate, a two-way permute or an all-gather at 93-98%), so the
 multi-host benchmark times each; a primitive without its own rate runs at `link_bandwidth`.
 
+A process that gets its memory from the operating system pays for it too: glibc's malloc serves
+a request of `FRESH_BYTES` (32 MiB) or more with fresh pages and hands them back when freed, so
+a CPU program whose result is that large touches new pages on every call, at a rate well below
+a pass over warm memory. A `Chip` with a `fresh_bandwidth` prices that first touch for the
+AllReduce's result (n values of the input dtype); the TPU presets leave it at None.
+
 What the model leaves out: contention from other traffic, the real DMA engines and their
 descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
 pass. Its TPU figures are modelled, not measured; `Chip` also takes measured figures (the
@@ -62,9 +68,12 @@ from ..formats import Format
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
 from ..wire import encoded_bytes
 
-__all__ = ["CHIPS", "DEVICE_KINDS", "PRIMITIVES", "Chip", "as_chip", "best_num_chunks",
-           "crossover_bytes", "default_min_bytes", "phases", "predicted_time", "primitive_hops",
-           "timeline"]
+__all__ = ["CHIPS", "DEVICE_KINDS", "FRESH_BYTES", "PRIMITIVES", "Chip", "as_chip",
+           "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases", "predicted_time",
+           "primitive_hops", "timeline"]
+
+
+_OPTIONAL = ("codec_bandwidth", "fresh_bandwidth")  # Chip fields that may be None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +101,9 @@ class Chip:
             launch, the latency of finding each block's scale). No public figure exists for
             TPUs, so their presets say 0 and quantizing then never loses in the model; set it
             from a measurement to get a real crossover (`crossover_bytes`).
+        fresh_bandwidth: bytes/s of first touching memory fresh from the operating system,
+            paid for a result of at least `FRESH_BYTES` (module essay). None (the TPU
+            presets): not modelled. The multi-host benchmark measures it.
         primitive_bandwidth: bytes/s sent per device through each collective primitive that
             was timed on its own, as (primitive, bytes/s) pairs (a dict is taken too), the
             primitives those of `PRIMITIVES`; a phase whose primitive has no rate here runs at
@@ -108,6 +120,7 @@ class Chip:
     source: str = ""
     quantize_overhead: float = 0.0
     codec_bandwidth: float | None = None
+    fresh_bandwidth: float | None = None
     primitive_bandwidth: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
@@ -115,8 +128,8 @@ class Chip:
             if not isinstance(getattr(self, field), str):
                 raise TypeError(f"Chip.{field} must be a string, got {getattr(self, field)!r}")
         for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops", "hop_latency",
-                      "quantize_overhead", "codec_bandwidth"):
-            if field != "codec_bandwidth" or self.codec_bandwidth is not None:
+                      "quantize_overhead", "codec_bandwidth", "fresh_bandwidth"):
+            if getattr(self, field) is not None or field not in _OPTIONAL:
                 number(getattr(self, field), f"Chip.{field}",
                        positive=field not in ("hop_latency", "quantize_overhead"))
         count(self.links, "Chip.links")
@@ -142,6 +155,11 @@ class Chip:
         """Bytes/s of `primitive`: its own rate if measured, else `link_bandwidth`."""
         return dict(self.primitive_bandwidth).get(primitive, self.link_bandwidth)
 
+
+#: Requests this large get fresh pages from glibc's malloc on every call (mmap, returned on
+#: free): its dynamic mmap threshold rises with what is freed, but never above 32 MiB on a
+#: 64-bit machine (DEFAULT_MMAP_THRESHOLD_MAX).
+FRESH_BYTES = 32 << 20
 
 #: The collective primitives that carry the phases (`Phase.primitive`).
 PRIMITIVES = ("permute", "two_way_permute", "all_to_all", "all_gather")
@@ -312,8 +330,11 @@ def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
     `chip` is a key of `CHIPS` ("v5e", ...) or a `Chip`. A modelled figure, not a measurement.
     """
     c = as_chip(chip)
-    return sum(_phase_time(ph, c, num_chunks) for ph in phases(
-        n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks))
+    steps = phases(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=num_chunks)
+    result = n * value_dtype(dtype).itemsize  # the AllReduce's output: fresh pages if large
+    fresh = result / c.fresh_bandwidth if steps and c.fresh_bandwidth and result >= FRESH_BYTES \
+        else 0.0
+    return sum(_phase_time(ph, c, num_chunks) for ph in steps) + fresh
 
 
 def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,

@@ -7,6 +7,8 @@ size the slowest host's seconds (median over repeats), the bytes read from the c
 the sends alone, and `predicted_time` with a `Chip` made of this run's own figures:
 
     link_bandwidth, hop_latency, hbm_bandwidth    the hosts' calibration (medians over hosts)
+    fresh_bandwidth                               first touch of fresh pages: a result of
+                                                  32 MiB or more (`cost.FRESH_BYTES`)
     primitive_bandwidth                           each collective primitive, timed on its own
     codec_bandwidth                               per format, the hop's dequantize-add-quantize;
                                                   for bf16 rows the unquantized hop replaces
@@ -330,10 +332,11 @@ def measured_chip(calibration: dict, fmt: str, *, name: str = "emulated hosts",
     """The `Chip` a run's `calibration` (its report's "calibration") prices a `fmt` row with.
 
     Hosts on a switch (links=1); the link, latency and memory figures as measured; each
-    collective primitive at its own measured rate; and the row's hop (`codec_bytes_per_s
-    FMT`) at its own: a quantized format's as the codec, bf16's (the unquantized hop, the
-    one memory pass of its reduce-scatter) as the memory rate. Runs stored before a figure
-    was measured fall back to the link or memory rate for it.
+    collective primitive at its own measured rate; fresh pages at theirs; and the row's hop
+    (`codec_bytes_per_s FMT`) at its own: a quantized format's as the codec, bf16's (the
+    unquantized hop, the one memory pass of its reduce-scatter) as the memory rate. Runs
+    stored before a figure was measured fall back to the link or memory rate for it (and
+    leave fresh pages unpriced).
     """
     from ..models.cost import Chip
 
@@ -344,6 +347,7 @@ def measured_chip(calibration: dict, fmt: str, *, name: str = "emulated hosts",
                 hbm_bandwidth=hop if fmt == UNQUANTIZED and hop else memory,
                 peak_flops=1.0, links=1, source=source,
                 codec_bandwidth=None if fmt == UNQUANTIZED else hop,
+                fresh_bandwidth=calibration.get("fresh_bytes_per_s"),
                 primitive_bandwidth={k.split()[1]: v for k, v in calibration.items()
                                      if k.startswith("primitive_bytes_per_s ")})
 
@@ -390,6 +394,7 @@ def _report(spec: dict, per_host: list[dict], reference: dict | None, link, net_
     return {"hosts": spec["hosts"], "network": net_text, "link": link,
             "repeats": spec["repeats"], "checked_against_one_process": reference is not None,
             "chip": {"link_bandwidth": chip.link_bandwidth, "hop_latency": chip.hop_latency,
-                     "hbm_bandwidth": chip.hbm_bandwidth, "source": chip.source,
+                     "hbm_bandwidth": chip.hbm_bandwidth,
+                     "fresh_bandwidth": chip.fresh_bandwidth, "source": chip.source,
                      "primitive_bandwidth": dict(chip.primitive_bandwidth)},
             "calibration": cal, "results": rows}

@@ -8,12 +8,18 @@ results must be, and are checked to be, bitwise those of one process with N simu
 
 What a host measures (all hosts at once, each call after a barrier, `runs.timing`):
 
-    memory    bytes/s (read + written) of `x + 1` over 64 MiB: the model's hbm_bandwidth
-    latency   the fixed cost of one ring step: a one-way permute timed at two sizes, the run's
-              smallest step (at most 1/16 of the largest) and its largest, fitted as
-              latency + bytes / rate (clipped at 0): hop_latency. An 8-byte ping-pong put it at
-              1.1-1.4 ms at 1 Gbit/s, while 1 MiB rings took 0.2 ms a step above their bytes,
-              and the model ran 21-91% slow at 1 MiB
+    memory    bytes/s (read + written) of `x + 1` over 16 MiB, warm (the result's buffer is
+              reused from call to call): the model's hbm_bandwidth
+    fresh     bytes/s of first touching fresh pages: `x + 1` over 64 MiB, whose result
+              (past `cost.FRESH_BYTES`) malloc maps anew on every call, less its memory pass at
+              the rate above: fresh_bandwidth. A plain add over a 32 MiB message took 1.2-1.6x
+              what the memory rate then predicted, and the rings' compute per value grew
+              1.6-3.5x from 8 to 32 MiB at 1 Gbit/s, before this was priced
+    latency   the fixed cost of one ring step: the one-way permute below timed again at the
+              run's smallest step (at most 1/16 of the largest), fitted as latency + bytes /
+              rate (clipped at 0): hop_latency. An 8-byte ping-pong put it at 1.1-1.4 ms at
+              1 Gbit/s, while 1 MiB rings took 0.2 ms a step above their bytes, and the model
+              ran 21-91% slow at 1 MiB
     link      bytes/s of the one-way permute below: link_bandwidth
     primitive per collective primitive of the model (`cost.PRIMITIVES`), bytes/s sent per host
               through it, its hops' latency taken off, each at the size it carries in the
@@ -148,7 +154,7 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from jax.sharding import PartitionSpec as P
 
     from ..formats import parse_format
-    from ..models.cost import primitive_hops
+    from ..models.cost import FRESH_BYTES, primitive_hops
     from ..models.hlo import hlo_wire_bytes
     from ..models.predict import wire_bytes
     from ..runs.timing import time_calls
@@ -172,17 +178,16 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     def global_array(local):
         return jax.make_array_from_process_local_data(rows, local[None], (p, *local.shape))
 
-    # calibration: memory, latency, link, codec (module essay)
-    x = jnp.zeros(1 << 24, jnp.float32)
-    memory = 2 * x.nbytes / timed("memory", jax.jit(lambda v: v + 1), x, repeats=5)
+    # calibration: memory, fresh, latency, primitives, codec (module essay)
+    add_one = jax.jit(lambda v: v + 1)
+    warm, big = (jnp.zeros(nbytes // 4, jnp.float32) for nbytes in (FRESH_BYTES // 2,
+                                                                    2 * FRESH_BYTES))
+    memory = 2 * warm.nbytes / timed("memory", add_one, warm, repeats=5)
+    fresh = big.nbytes / max(timed("fresh", add_one, big, repeats=5) - 2 * big.nbytes / memory,
+                             1e-9)
     right, left = [(i, (i + 1) % p) for i in range(p)], [((i + 1) % p, i) for i in range(p)]
     chunk = max(max(spec["sizes"]) // p, 1 << 20) // 128 * 128  # a ring step's message
     small = max(min(min(spec["sizes"]) // p, chunk // 16) // 128 * 128, 128)
-    step = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "h", right), mesh=mesh,
-                                 in_specs=P("h"), out_specs=P("h")))
-    t_small, t_chunk = (timed(f"latency {size}", step, global_array(np.ones(size, np.uint8)))
-                        for size in (small, chunk))
-    latency = max(t_small - small * (t_chunk - t_small) / (chunk - small), 0.0)
     primitives = {  # name: (the program, its input, bytes each host sends)
         "permute": (lambda v: jax.lax.ppermute(v, "h", right), chunk, chunk),
         "two_way_permute": (lambda v: jnp.concatenate([
@@ -192,12 +197,17 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
                        chunk * p, chunk * (p - 1)),
         "all_gather": (lambda v: jax.lax.all_gather(v, "h", axis=1, tiled=True), chunk,
                        chunk * (p - 1))}
-    bandwidth = {}
-    for name, (program, length, sent) in primitives.items():
-        run = jax.jit(jax.shard_map(program, mesh=mesh, in_specs=P("h"), out_specs=P("h"),
-                                    check_vma=False))
-        seconds = timed(f"primitive {name}", run, global_array(np.ones(length, np.uint8)))
-        bandwidth[name] = sent / max(seconds - primitive_hops(name, p) * latency, 1e-9)
+
+    def primitive(name, length):  # seconds of one call of a primitive on `length` bytes
+        run = jax.jit(jax.shard_map(primitives[name][0], mesh=mesh, in_specs=P("h"),
+                                    out_specs=P("h"), check_vma=False))
+        return timed(f"primitive {name} {length}", run, global_array(np.ones(length, np.uint8)))
+
+    seconds = {name: primitive(name, length) for name, (_, length, _) in primitives.items()}
+    t_small = primitive("permute", small)  # the permute at two sizes: latency + bytes / rate
+    latency = max(t_small - small * (seconds["permute"] - t_small) / (chunk - small), 0.0)
+    bandwidth = {name: sent / max(seconds[name] - primitive_hops(name, p) * latency, 1e-9)
+                 for name, (_, _, sent) in primitives.items()}
     link = bandwidth["permute"]
     codec = {}  # per format: the bytes/s of one ring hop, dequantize-add-quantize (bf16: add)
     m = 1 << 22
@@ -243,7 +253,8 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
             barrier()
         times.update(time_calls(calls, spec["repeats"], before=turn))
     with open(out, "w", encoding="utf-8") as f:
-        json.dump({"calibration": {"memory_bytes_per_s": memory, "hop_latency_s": latency,
+        json.dump({"calibration": {"memory_bytes_per_s": memory, "fresh_bytes_per_s": fresh,
+                                   "hop_latency_s": latency,
                                    "link_bytes_per_s": link,
                                    **{f"primitive_bytes_per_s {k}": v
                                       for k, v in bandwidth.items()},
