@@ -323,6 +323,7 @@ ARGUMENTS = {
     ("Chip", "links"): "count", ("Chip", "torus"): "torus",
     ("Chip", "source"): "text", ("Chip", "quantize_overhead"): "non-negative number",
     ("Chip", "codec_bandwidth"): "positive number or None",
+    ("Chip", "fresh_bandwidth"): "positive number or None",
     ("Chip", "primitive_bandwidth"): "primitive rates",
     ("kernels.plan_ring", "n"): "size", ("kernels.plan_ring", "p"): "count",
     ("kernels.plan_ring", "fmt"): "format or None",
