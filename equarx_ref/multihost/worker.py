@@ -12,14 +12,15 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
               reused from call to call): the model's hbm_bandwidth
     fresh     bytes/s of first touching fresh pages: `x + 1` over 64 MiB, whose result
               (past `cost.FRESH_BYTES`) malloc maps anew on every call, less its memory pass at
-              the rate above: fresh_bandwidth. A plain add over a 32 MiB message took 1.2-1.6x
-              what the memory rate then predicted, and the rings' compute per value grew
-              1.6-3.5x from 8 to 32 MiB at 1 Gbit/s, before this was priced
+              the rate above: fresh_bandwidth. Chapter 05 prints what it explains: in the
+              stored 1 Gbit/s run a plain add over the 32 MiB message took 0.043 s, the warm
+              memory rate alone gives 0.020 s, and with the fresh pages of its result 0.035 s
     latency   the fixed cost of one ring step: the one-way permute below timed again at the
               run's smallest step (at most 1/16 of the largest), fitted as latency + bytes /
-              rate (clipped at 0): hop_latency. An 8-byte ping-pong put it at 1.1-1.4 ms at
-              1 Gbit/s, while 1 MiB rings took 0.2 ms a step above their bytes, and the model
-              ran 21-91% slow at 1 MiB
+              rate (clipped at 0): hop_latency. An 8-byte ping-pong, used before, put it far
+              above what a ring step pays beyond its bytes, so the model ran slow at 1 MiB. On
+              a capped link the fit comes out near 0: tc tbf's 128 kB burst lets the small
+              permute through at full speed
     link      bytes/s of the one-way permute below: link_bandwidth
     primitive per collective primitive of the model (`cost.PRIMITIVES`), bytes/s sent per host
               through it, its hops' latency taken off, each at the size it carries in the
