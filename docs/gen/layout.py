@@ -95,7 +95,7 @@ def files() -> Section:
     out += [f"| `equarx_ref/{f}` | {n} | {c} | {what} |" for f, n, c, what in rows]
     out += ["", "Everything else sits in a folder named for its purpose (lines per file):", "",
             "| folder | files | what |", "| --- | --- | --- |"]
-    out += [f"| `equarx_ref/{d}` | {', '.join(f'{f} {n}' for f, n in files)} | {what} |"
+    out += [f"| `equarx_ref/{d}` | {', '.join(f'`{f}` {n}' for f, n in files)} | {what} |"
             for d, files, what in folders()]
     rest = sorted(p.name for p in PKG.glob("*.py")
                   if p.stem not in CORE and p.name != "__init__.py")
