@@ -617,16 +617,18 @@ CITED_PATH = re.compile(r"(?<![\w./-])((?:equarx_ref|notebooks|docs|tests)/[\w.*
 
 
 def test_every_path_the_pages_cite_exists():
-    """Every file or folder of the repository that the README, a docs page or a notebook's
-    text twin names (`equarx_ref/...`, `notebooks/...`, `docs/...`, `tests/...`; a glob must
-    match something) exists: a module moved leaves no stale path behind."""
+    """Every file or folder of the repository that the README, a docs page (the Results page's
+    generated text too) or a notebook's text twin names (`equarx_ref/...`, `notebooks/...`,
+    `docs/...`, `tests/...`; a glob must match something) exists: a module moved leaves no stale
+    path behind."""
     pages = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted(
         (ROOT / "notebooks").glob("[0-9][0-9]_*.md"))]
+    texts = [(page, page.read_text(encoding="utf-8")) for page in pages
+             if "docs/notebooks" not in page.as_posix()]  # the notebooks' folder, from docs/
+    texts.append((ROOT / "docs" / "results.md", _page_markdown("results")))  # its tables' text
     missing = []
-    for page in pages:
-        if "docs/notebooks" in page.as_posix():  # the notebooks' folder, seen from docs/
-            continue
-        for path in CITED_PATH.findall(page.read_text(encoding="utf-8")):
+    for page, text in texts:
+        for path in CITED_PATH.findall(text):
             here = [ROOT, page.parent]  # docs pages also link relative to themselves
             if path in EXAMPLE_PATHS or any(next(base.glob(path), None) for base in here):
                 continue
