@@ -74,7 +74,8 @@ def _measured() -> str | None:
     return (f"- **Time, measured** (CPU timings): {run['hosts']} processes over {MEASURED_LINK} "
             f"rate-capped links, the ring at {multihost.TARGET_MIB} MiB: " +
             ", ".join(f"{f} {at['ring', f]['speedup_vs_bf16']:.2f}x" for f in ("int8", "int4")
-                      if ("ring", f) in at) + " faster than bf16 (`equarx-ref bench --hosts`).")
+                      if ("ring", f) in at) +
+            " faster than the bf16 ring (`equarx-ref bench --hosts`).")
 
 
 def _compiled() -> str:
@@ -82,7 +83,8 @@ def _compiled() -> str:
     record = load("tpu.json")
     ok = Counter(r["topology"] for r in record["results"] if r["ok"])
     every = Counter(r["topology"] for r in record["results"])
-    return ("- **What compiles for TPU v5e and v6e**, from a CPU machine: libtpu " +
+    chips = " and ".join(dict.fromkeys(t.split(":")[0] for t in every))
+    return (f"- **What compiles for TPU {chips}**, from a CPU machine: libtpu " +
             record["libtpu"] + " (jax " + record["jax"] + "), deviceless: " +
             " and ".join(f"{ok[t]} of {every[t]} programs for {t}" for t in every) + " compile" +
             " (the collectives in every format, the Pallas ring and fused hop, Gemma 3's forward; "
