@@ -19,8 +19,8 @@
 As a script, from the repository root:
 
     python docs/hooks.py refresh [FILE ...]   rerun the commands behind equarx_ref/data/*.json,
-                                              then rewrite the README's tables from them
-    python docs/hooks.py readme               only rewrite the README's tables
+                                              then rewrite the README's headline from them
+    python docs/hooks.py readme               only rewrite the README's headline
 """
 
 from __future__ import annotations

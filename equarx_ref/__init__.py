@@ -1,7 +1,7 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The library you read in an afternoon is ten flat files, about 1,180 lines of code (the README's
-layout counts them): `formats.py` (what one number costs on the wire), `elements.py` (element
+The library you read in an afternoon is ten flat files, about 1,180 lines of code (the contributing
+page's layout counts them): `formats.py` (what one number costs on the wire), `elements.py` (element
 codes and their packing), `scales.py` (one scale per block, exactly), `quantize.py` (block-wise
 quantization), `wire.py` (the bytes a collective sends: their layout and the codec),
 `schedule.py` (who sends which chunk to whom, the algorithms and their rules, the one walk over

@@ -12,8 +12,8 @@ Opening. Every notebook starts the same way: a markdown cell with the title ("# 
 Colab badge and the learning goals; a code cell that installs the package only on Colab; then
 `eq.setup_devices(8)` with the device report under `# NBVAL_IGNORE_OUTPUT`. `header` rewrites
 the badge and the install cell, `check` verifies them. The badge comes from pyproject's
-`[project.urls] Repository`. The install cell is made here, and only here (the docs' and the
-README's install sections are `install_markdown()`, from the same facts):
+`[project.urls] Repository`. The install cell is made here, and only here (the docs'
+install section is `install_markdown()`, from the same facts):
   - it installs exactly the extras the notebook uses (`EXTRA_MODULES`: the names that need an
     extra's packages; a notebook that loads Gemma's weights or tokenizer gets
     `equarx-ref[gemma]`, one that only reads Gemma's configs or stored results does not), and
@@ -271,7 +271,7 @@ def install_source(extras: list[str] | tuple[str, ...] = ()) -> str:
 
 
 def install_markdown() -> str:
-    """How to install the package, for the docs and the README: the same facts as the cell."""
+    """How to install the package, for the docs: the same facts as the cell."""
     version = _pyproject()["version"]
     wheel = f"dist/equarx_ref-{version}-py3-none-any.whl"
     if PUBLIC_SOURCE is not None:

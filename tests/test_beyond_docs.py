@@ -1,9 +1,9 @@
-"""Beyond int8 on the site and in the README: viz.plot_feature_ranges and docs/gen/beyond.py.
+"""Beyond int8 on the site: viz.plot_feature_ranges and docs/gen/beyond.py.
 
 The figure is checked against a plain computation of what it should draw (ranks, ratios to the
 median, marked features); the generators on small hand-made results whose findings are known,
-so that a finding sentence flips when the data does; the README block against the stored JSON,
-read independently; and every stored file's command against the one the docs name.
+so that a finding sentence flips when the data does; the Results page's tables against the stored
+JSON, read independently; and every stored file's command against the one the docs name.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 matplotlib.use("Agg")
 
 from test_docs import _docs_gen as _gen  # tests/ is on the path
+from test_docs import _results_section
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,21 +132,28 @@ def test_every_stored_command_is_the_one_the_docs_name():
     assert "sweep.json" in commands and "outliers.json" in commands
 
 
-def test_readme_beyond_block_agrees_with_the_json():
-    """Read independently of the generator: the README's rows carry the stored numbers."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text.split("<!-- gen:readme-beyond -->")[1].split("<!-- /gen:readme-beyond -->")[0]
+def test_results_beyond_tables_agree_with_the_json():
+    """Read independently of the generator: the Results page's map rows (errors at every device
+    count, on each kind of data) and static int4 rows carry the stored numbers."""
     at = {(q["p"], q["algorithm"], q["format"], q["remedy"], q["data"]): q
           for q in _data("sweep.json")["points"]}
-    for line in block.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 5 and cells[0].split()[0] in ("ring", "bidir_ring", "two_shot",
-                                                       "one_shot"):
+    ps = sorted({k[0] for k in at})
+    section = _results_section("Beyond int8")
+    checked = 0
+    for kind in ("gaussian", "outliers"):
+        block = section.split(f"**{kind}**", 1)[1].split("\n\n", 2)[1]  # the table after it
+        for line in block.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
             alg, fmt, *rest = cells[0].split()
             remedy = rest[0].lstrip("+") if rest else "none"
-            g, o = at[8, alg, fmt, remedy, "gaussian"], at[8, alg, fmt, remedy, "outliers"]
-            assert cells[2] == f"{g['rel_error']:.2%}" and cells[3] == f"{o['rel_error']:.2%}"
+            for p, cell in zip(ps, cells[3:3 + len(ps)], strict=True):
+                q = at.get((p, alg, fmt, remedy, kind))
+                assert cell.rstrip(" *") == ("–" if q is None else f"{q['rel_error']:.2%}"), (
+                    kind, cells[0], p, cell)
+                checked += q is not None
+    assert checked == len(at), f"the map shows {checked} of {len(at)} stored points"
     report = _data("outliers.json")
+    block = _results_section("Static int4")
     best = next(r for r in report["rows"] if r["algorithm"] == "one_shot"
                 and r["format"] == f"int4 static + {report['calibration']['outliers']} bf16")
     assert f"{best['dnll']:+.4f} ± {best['dnll_se']:.4f}" in block

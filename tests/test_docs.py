@@ -2,8 +2,9 @@
 
 `mkdocs build --strict`, then checks of the built HTML: every page, every public module and name
 in the API reference, every notebook listed, no nbval markers shown, nothing loaded from another
-host. The README's results tables are held equal to equarx_ref/data/*.json and its "Use" snippet is
-run, its printed values compared with what its comments say.
+host. The Results page's tables and the README's headline are held equal to equarx_ref/data/*.json,
+the README's "Use" snippet is run, its printed values compared with what its comments say, the
+README is held short, and every file path a page cites exists.
 
 The browser tests serve the built site on loopback (`python -m http.server`), open pages in
 Debian's `chromium`, check the DOM (the home page's generated figure, a notebook's stored PNG
@@ -18,6 +19,7 @@ Without chromium they skip and say why; under CI=true they fail instead.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -163,17 +165,36 @@ def test_site_loads_nothing_from_another_host(site):
 # ---------------------------------------------------------------------------- README
 
 README = ROOT / "README.md"
+README_MAX_LINES = 150  # read in three minutes; every other table is on the Results page
 
 
-def _docs_gen(name: str):
-    """A module of docs/gen (the site's generators), imported as the hooks import it."""
+def _docs_gen(name: str | None = None):
+    """A module of docs/gen (the site's generators; the package itself without a name), imported
+    as the hooks import it."""
     import importlib
 
     sys.path.insert(0, str(ROOT / "docs"))
     try:
-        return importlib.import_module(f"gen.{name}")
+        return importlib.import_module("gen" if name is None else f"gen.{name}")
     finally:
         sys.path.remove(str(ROOT / "docs"))
+
+
+@functools.cache
+def _page_markdown(name: str) -> str:
+    """docs/NAME.md as the site renders it: every `<!-- gen:... -->` marker filled by its
+    generator, as docs/hooks.py fills it (no mkdocs build needed)."""
+    generators = _docs_gen().GENERATORS
+    text = (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8")
+    return re.sub(r"<!-- gen:([a-z0-9_-]+) -->", lambda m: generators[m.group(1)]().markdown, text)
+
+
+def _results_section(heading: str) -> str:
+    """The section of the rendered Results page whose `## ` heading begins with `heading`."""
+    parts = re.split(r"^## ", _page_markdown("results"), flags=re.M)
+    found = [p for p in parts if p.startswith(heading)]
+    assert len(found) == 1, f"docs/results.md: {len(found)} sections '## {heading}...'"
+    return found[0]
 
 
 def _data(name: str):
@@ -187,37 +208,78 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def test_readme_is_short():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): a newcomer reads it in "
+        "three minutes; move tables to docs/results.md and prose to the site")
+
+
 def test_readme_tables_are_rendered_from_the_data():
     text = README.read_text(encoding="utf-8")
-    assert "<!-- gen:readme-demo -->" in text
+    assert "<!-- gen:readme-headline -->" in text
     assert text == _docs_gen("readme").render(text), (
-        "README.md's results tables differ from equarx_ref/data/*.json: run `python docs/hooks.py "
-        "readme` (or `refresh` to measure anew)")
+        "README.md's generated blocks differ from equarx_ref/data/*.json: run `python "
+        "docs/hooks.py readme` (or `refresh` to measure anew)")
 
 
-def test_readme_table_rows_agree_with_the_json():
-    """Read independently of the generator: each JSON row has its README row, same numbers."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+def test_readme_headline_agrees_with_the_json():
+    """Read independently of the generator: the README's headline rows and figures carry the
+    stored numbers."""
+    text = README.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    shown = 0
+    for r in _data("demo.json")["rows"]:
+        found = [_cells(x) for x in lines if x.startswith("|")
+                 and _cells(x)[:2] == [r["algorithm"], r["format"]]]
+        assert len(found) <= 1, f"README: {len(found)} rows for demo {r['algorithm']} {r['format']}"
+        if found:
+            shown += 1
+            for value in (f"{r['bytes_sent']:,}", f"{r['rel_error']:.2%}"):
+                assert value in found[0], f"README demo row {found[0]} lacks {value}"
+    assert shown >= 4, f"the README's headline shows {shown} demo rows"
+    g = next(r for r in _data("gemma.json")["rows"] if (r["algorithm"], r["format"]) ==
+             ("ring", "int8"))
+    assert f"ΔNLL {g['dnll']:+.4f} ± {g['dnll_se']:.4f}" in text and f"{g['top1']:.1f}%" in text
+    m = next(r for r in _data("model-v5e.json")["rows"] if r["message_bytes"] == 16 << 20)
+    assert f"int8 {m['int8_speedup']:.2f}x and int4 {m['int4_speedup']:.2f}x" in text, m
+    for r in _data("model-v5e.json")["prefill"]:
+        assert f"{r['speedup']:.2f}x" in text, r
+    run = _data("multihost-100mbit.json")
+    for r in run["results"]:
+        if r["algorithm"] == "ring" and r["format"] != "bf16" and r["message_bytes"] == 32 << 20:
+            assert f"{r['format']} {r['speedup_vs_bf16']:.2f}x" in text, r
+
+
+def test_results_table_rows_agree_with_the_json():
+    """Read independently of the generator: each JSON row has its row on the Results page, with
+    the same numbers."""
+    lines = _results_section("Every collective").splitlines()
     for r in _data("demo.json")["rows"]:
         found = [_cells(x) for x in lines if x.startswith("|") and _cells(x)[:2] == [
             r["algorithm"], r["format"] + (f" ({r['note']})" if r["note"] else "")]]
-        assert len(found) == 1, f"README: {len(found)} rows for demo {r['algorithm']} {r['format']}"
+        assert len(found) == 1, f"Results: {len(found)} demo rows {r['algorithm']} {r['format']}"
         for value in (f"{r['bytes_sent']:,}", f"{r['rel_error']:.2%}", f"{r['time_ratio']:.2f}"):
-            assert value in found[0], f"README demo row {found[0]} lacks {value}"
+            assert value in found[0], f"Results demo row {found[0]} lacks {value}"
+    lines = _results_section("What quantizing costs").splitlines()
     for r in _data("bench.json"):
         found = [_cells(x) for x in lines if x.startswith(f"| `{r['format']}` |")]
         assert len(found) == 1 and f"{r['ratio']:.2f}x" in found[0], (r, found)
     report = _data("gemma.json")
-    header = next(_cells(x) for x in lines if x.startswith("| algorithm | bf16 |"))
+    lines = _results_section("Quality on Gemma").splitlines()
+    header = next(_cells(x) for x in lines if x.startswith("| algorithm | format | NLL |"))
+    table = [_cells(x) for x in lines if x.startswith("|") and len(_cells(x)) == len(header)]
     for r in report["rows"]:
-        row = next(_cells(x) for x in lines if x.startswith("|") and _cells(x)[0].split(" ")[0]
-                   == r["algorithm"] and len(_cells(x)) == len(header))
-        cell = row[header.index(r["format"])]
-        assert f"{r['dnll']:+.4f}" in cell and f"{r['top1']:.1f}%" in cell, (r["label"], cell)
+        found = [c for c in table if c[0] == r["algorithm"] and c[1] == r["label"].removeprefix(
+            f"{r['algorithm']} ")]
+        assert len(found) == 1, f"Results: {len(found)} Gemma rows for {r['label']}"
+        assert f"{r['dnll']:+.4f} ± {r['dnll_se']:.4f}" in found[0][header.index(
+            "ΔNLL ± SE (nats / token)")], (r["label"], found[0])
+        assert found[0][header.index("top-1 agreement")] == f"{r['top1']:.1f}%", r["label"]
 
 
 def test_stored_model_report_is_this_checkouts_model(tmp_path):
-    """equarx_ref/data/model-v5e.json (README, Results) is what `equarx-ref model` prints today: the
+    """equarx_ref/data/model-v5e.json (Results, README) is what `equarx-ref model` prints today: the
     time model changed? `python docs/hooks.py refresh model-v5e.json`."""
     from equarx_ref import cli
 
@@ -229,10 +291,10 @@ def test_stored_model_report_is_this_checkouts_model(tmp_path):
         "`python docs/hooks.py refresh model-v5e.json`")
 
 
-def test_readme_time_tables_agree_with_the_json():
+def test_results_time_tables_agree_with_the_json():
     """Read independently of the generators: the model's rows and every stored multi-host row
-    (equarx_ref/data/multihost-*.json) have their README rows, with the same numbers."""
-    lines = [_cells(x) for x in README.read_text(encoding="utf-8").splitlines()
+    (equarx_ref/data/multihost-*.json) have their Results page rows, with the same numbers."""
+    lines = [_cells(x) for x in _results_section("Modelled TPU time").splitlines()
              if x.startswith("|")]
     report = _data("model-v5e.json")
     assert report["modelled"] is True
@@ -240,7 +302,7 @@ def test_readme_time_tables_agree_with_the_json():
         found = [c for c in lines if c[0].replace(" ", "") in (
             f"{r['message_bytes'] >> 10}KiB", f"{r['message_bytes'] >> 20}MiB",
             f"{r['message_bytes'] >> 30}GiB") and len(c) == 8]
-        assert len(found) == 1, f"README: {len(found)} model rows for {r['message_bytes']} B"
+        assert len(found) == 1, f"Results: {len(found)} model rows for {r['message_bytes']} B"
         assert found[0][3] == f"{r['int8_speedup']:.2f}x", (r, found[0])
         assert found[0][6] == f"{r['int4_speedup']:.2f}x", (r, found[0])
     for r in report["prefill"]:
@@ -248,23 +310,23 @@ def test_readme_time_tables_agree_with_the_json():
         assert f"{r['speedup']:.2f}x" in row, (r, row)
     from equarx_ref import data
 
+    page = _results_section("Measured on capped links")
+    lines = [_cells(x) for x in page.splitlines() if x.startswith("|")]
     for name in [n for n in data.names() if n.startswith("multihost-")]:
         result = data.load(name)
-        assert f"`{result['command']}`" in README.read_text(encoding="utf-8"), name
+        assert f"```bash\n{result['command']}\n```" in page, name
         link = result["link"] or "loopback"
         sizes = sorted({r["message_bytes"] for r in result["results"]})
         for r in result["results"]:
             mib = f"{r['message_bytes'] / 2**20:g} MiB"
             grid = [c for c in lines if c[:3] == [link, r["algorithm"], r["format"]]
                     and len(c) == 3 + len(sizes)]  # model / measured per size
-            assert len(grid) == 1, f"README: {name} {r['algorithm']} {r['format']}: no model row"
+            assert len(grid) == 1, f"Results: {name} {r['algorithm']} {r['format']}: no model row"
             ratio = grid[0][3 + sizes.index(r["message_bytes"])]
             assert ratio == f"{r['predicted_seconds'] / r['seconds']:.2f}", (name, r, ratio)
-            if r["message_bytes"] != 32 << 20:  # the README's full rows are the 32 MiB ones
-                continue
             found = [c for c in lines if c[:4] == [link, r["algorithm"], r["format"], mib]
                      and f"{r['seconds']:.4f} s" in c]
-            assert len(found) == 1, f"README: no row for {name} {r['algorithm']} {r['format']}"
+            assert len(found) == 1, f"Results: {name} {r['algorithm']} {r['format']} {mib}: no row"
             assert f"{r['predicted_seconds']:.4f} s" in found[0]
             assert f"{r['speedup_vs_bf16']:.2f}x" in found[0]
 
@@ -515,20 +577,24 @@ def test_repository_url_comes_from_pyproject(site):
 
 
 def test_install_instructions_say_what_the_install_cell_does(site):
-    """The home page and the README install the way the notebooks' install cell does (both are
-    nbtool's); while nothing is published they say so, and give the wheel path instead."""
+    """The home page installs the way the notebooks' install cell does (both are nbtool's);
+    while nothing is published it says so, and gives the wheel path instead. The README's quick
+    start installs from a clone, says whether the package is published, and builds the wheel
+    Colab takes the way the home page does."""
     import html as html_lib
 
     nbtool = _docs_gen("common").nbtool()
     home = html_lib.unescape(re.sub(r"<[^>]+>", "", _page(site, "")))
     readme = README.read_text(encoding="utf-8")
-    for text, where in ((home, "home page"), (readme, "README")):
+    for text, where, facts in (
+            (home, "home page", (nbtool.BUILD_WHEEL, nbtool.WHEEL_ENV, f"jax{nbtool.jax_range()}")),
+            (readme, "README", (nbtool.BUILD_WHEEL,))):
         if nbtool.PUBLIC_SOURCE is None:
-            assert "not published yet" in text, where
+            assert "not published\nyet" in text or "not published yet" in text, where
             assert "git+" not in text, f"the {where} installs from a repository that is not public"
         else:
             assert nbtool.PUBLIC_SOURCE in text, where
-        for fact in (nbtool.BUILD_WHEEL, nbtool.WHEEL_ENV, f"jax{nbtool.jax_range()}"):
+        for fact in facts:
             assert fact in text, f"the {where} does not say {fact!r}"
 
 
@@ -537,11 +603,37 @@ def test_readme_says_what_the_demo_runs():
     import equarx_ref as eq
     from equarx_ref.runs.demo import DEMO_FORMATS
 
-    line = README.read_text(encoding="utf-8").split("`equarx-ref demo`:", 1)[1].split("\n  -")[0]
+    text = README.read_text(encoding="utf-8")
+    line = re.split(r"\n\s*- ", text.split("`equarx-ref demo`:", 1)[1])[0]
     named = {f for f in eq.FORMAT_NAMES if f"`{f}`" in line}
     assert named == set(DEMO_FORMATS) - {"bf16"}, (named, line)
     assert all(f"`{a}`" in line for a in eq.ALGORITHMS), line
-    assert "every algorithm x format" not in README.read_text(encoding="utf-8")
+    assert "every algorithm x format" not in text
+
+
+#: Paths the pages cite as examples of files a reader makes (contributing.md: a new notebook).
+EXAMPLE_PATHS = {"notebooks/05_topic.ipynb", "notebooks/05_topic.md"}
+CITED_PATH = re.compile(r"(?<![\w./-])((?:equarx_ref|notebooks|docs|tests)/[\w.*/-]*[\w*/])")
+
+
+def test_every_path_the_pages_cite_exists():
+    """Every file or folder of the repository that the README, a docs page (the Results page's
+    generated text too) or a notebook's text twin names (`equarx_ref/...`, `notebooks/...`,
+    `docs/...`, `tests/...`; a glob must match something) exists: a module moved leaves no stale
+    path behind."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted(
+        (ROOT / "notebooks").glob("[0-9][0-9]_*.md"))]
+    texts = [(page, page.read_text(encoding="utf-8")) for page in pages
+             if "docs/notebooks" not in page.as_posix()]  # the notebooks' folder, from docs/
+    texts.append((ROOT / "docs" / "results.md", _page_markdown("results")))  # its tables' text
+    missing = []
+    for page, text in texts:
+        for path in CITED_PATH.findall(text):
+            here = [ROOT, page.parent]  # docs pages also link relative to themselves
+            if path in EXAMPLE_PATHS or any(next(base.glob(path), None) for base in here):
+                continue
+            missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, "cited paths that do not exist:\n  " + "\n  ".join(missing)
 
 
 def test_formulas_are_typeset_by_the_vendored_katex(server, tmp_path, capsys):

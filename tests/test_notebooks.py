@@ -151,7 +151,7 @@ def test_install_cell_does_nothing_off_colab(tmp_path):
 
 
 def test_gemma_notebook_prints_the_stored_report_as_it_is():
-    """Notebook 04 prints the stored gemma report (the README's and Results page's) with
+    """Notebook 04 prints the stored gemma report (the Results page's) with
     `format_table`: its stored output must be that file's table, not an older one."""
     from equarx_ref.gemma.report import format_table
 

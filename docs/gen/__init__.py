@@ -11,8 +11,9 @@ here makes the sections of one source:
   file and reruns them);
 - `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
   its command, which `refresh` leaves alone);
-- `layout`: the package's files, line counts and import layers, counted from its files;
-- `readme`: the README's results tables, made from the same JSON (`python docs/hooks.py readme`).
+- `layout`: the package's files, line counts and import layers, counted from its files (the
+  contributing page);
+- `readme`: the README's headline, made from the same JSON (`python docs/hooks.py readme`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = ["GENERATORS", "Section"]
 
 GENERATORS = {
     "install": install,
+    "layout": layout.files,
     "layers": layout.layers,
     "course": course.course_list,
     "formats": concepts.formats_table,

@@ -1,4 +1,4 @@
-"""Beyond int8 on the site and in the README: the map (sweep.json) and static int4 (outliers.json).
+"""Beyond int8 on the site: the map (sweep.json) and static int4 (outliers.json).
 
 `equarx-ref sweep` wrote equarx_ref/data/sweep.json: every device count x algorithm x format x
 remedy on Gaussian inputs and on inputs with outlier features, bytes per value, relative error, the
@@ -12,15 +12,11 @@ a refreshed file cannot leave a stale claim behind.
 
 from __future__ import annotations
 
-from .commands import COMMANDS, command_block
+from .commands import command_block
 from .common import Section, load, png, table
 
-#: The README's map rows at `README_P` devices: (algorithm, format, remedy).
-README_ROWS = [("bidir_ring", "int8", "none"), ("ring", "int8", "none"), ("ring", "int8", "sr"),
-               ("ring", "int8", "rotate"), ("ring", "int8", "adaptive"),
-               ("two_shot", "int8", "none"), ("two_shot", "int8", "rotate"),
-               ("one_shot", "int8", "none")]
-README_P = 8
+#: The device count the findings speak of (the largest stored one if it is absent).
+FINDINGS_P = 8
 #: Figures of the map on the Results page: device counts side by side in each.
 FIGURE_P = ((2, 4), (8, 16))
 
@@ -78,7 +74,7 @@ def sweep_findings(result: dict) -> list[str]:
     """What the map says, each sentence computed from it."""
     at = _index(result)
     ps = sorted({q["p"] for q in result["points"]})
-    p = README_P if README_P in ps else ps[-1]
+    p = FINDINGS_P if FINDINGS_P in ps else ps[-1]
 
     def err(alg, fmt, remedy, data):
         q = at.get((p, alg, fmt, remedy, data))
@@ -241,37 +237,3 @@ def outliers_results() -> Section:
         "*Drawn by `eq.viz.plot_feature_ranges`; dots: the features kept in bf16.*", ""]),
         {path: png(fig)})
 
-
-# ---- the README block --------------------------------------------------------------------
-
-
-def readme_block() -> str:
-    """A short "Beyond int8" block: the map at `README_P` devices, and static int4 on Gemma."""
-    result, report = load("sweep.json"), load("outliers.json")
-    at = _index(result)
-    rows = []
-    for alg, fmt, remedy in README_ROWS:
-        g = at.get((README_P, alg, fmt, remedy, "gaussian"))
-        o = at.get((README_P, alg, fmt, remedy, "outliers"))
-        if g is None or o is None:
-            continue
-        rows.append([_name(g), f"{g['bytes_per_value']:.3f}", f"{g['rel_error']:.2%}",
-                     f"{o['rel_error']:.2%}", f"{g['modelled_speedup']:.2f}x"])
-    k = report["calibration"]["outliers"]
-    one = _one_shot(report)
-    gemma = [[f, f"{one[f]['bits_per_value']:.4g}",
-              f"{one[f]['dnll']:+.4f} ± {one[f]['dnll_se']:.4f}" + (
-                  " ~" if one[f]["within_noise"] else ""), f"{one[f]['top1']:.1f}%"]
-             for f in ("int8", "int4", "int4 static", f"int4 static + {k} bf16") if f in one]
-    return "\n".join([
-        f"`{COMMANDS['sweep.json']}`: int8 at p = {README_P}, {result['size']:,} values per "
-        f"device; errors on Gaussian data and on data with outlier features; speedup modelled "
-        f"on {result['chip']} ({result['message_bytes'] >> 20} MiB bf16 message, against the "
-        "bf16 bidirectional ring).", "",
-        table(["configuration", "bytes / value", "error, Gaussian", "error, outliers",
-               f"{result['chip']} speedup (modelled)"], rows), "",
-        f"`{COMMANDS['outliers.json']}`: {report['meta']['model']} at TP = "
-        f"{report['meta']['tp']}, one-shot, static int4 calibrated on another text, {k} bf16 "
-        "outlier features per site:", "",
-        table(["format", "bits / value", "ΔNLL ± SE", "top-1"], gemma), "",
-        *outliers_findings(report)[:1], ""])

@@ -11,7 +11,7 @@ from .commands import COMMANDS, command_block
 from .common import Section, load, png, table
 
 #: The Results page's table: (header, template over `fields(row)`). A new field of the report
-#: is one more line here (or one more placeholder in `CELL`).
+#: is one more line here.
 COLUMNS = [
     ("algorithm", "{algorithm}"),
     ("format", "{wire}"),
@@ -22,8 +22,6 @@ COLUMNS = [
     ("top-1 agreement", "{top1:.1f}%"),
     ("AllReduce error (attn / mlp)", "{site_err_attn_mean:.2%} / {site_err_mlp_mean:.2%}"),
 ]
-#: One cell of the README's algorithm x format table.
-CELL = "{dnll:+.4f} ± {dnll_se:.4f}{noise} / {top1:.1f}%"
 #: The home page's rows: (algorithm, format).
 HEADLINE = [("ring", "bf16"), ("ring", "int8"), ("two_shot", "int8"), ("one_shot", "int8"),
             ("ring", "int4")]
@@ -54,17 +52,6 @@ def report_table(report: dict, keep=None) -> str:
     """The rows of `report` (those in `keep` if given) with every column of `COLUMNS`."""
     rows = [r for r in report["rows"] if keep is None or (r["algorithm"], r["format"]) in keep]
     return table([h for h, _ in COLUMNS], [[cell(t, r) for _, t in COLUMNS] for r in rows])
-
-
-def pivot_table(report: dict) -> str:
-    """Algorithms down, formats across, one `CELL` each ("–" where a pair did not run)."""
-    rows = report["rows"]
-    formats = list(dict.fromkeys(r["format"] for r in rows))
-    by = {(r["algorithm"], r["format"]): r for r in rows}
-    algs = {r["algorithm"]: note(r) for r in rows}  # in order of appearance
-    return table(["algorithm", *formats],
-                 [[a + n] + [cell(CELL, by[a, f]) if (a, f) in by else "–" for f in formats]
-                  for a, n in algs.items()])
 
 
 def setting(m: dict) -> str:

@@ -1,7 +1,7 @@
 """The package's layout, counted from its files: the core, the folders, the layers.
 
-The README's layout block and the layers diagram of the contributing page come from here, so
-their file names and line counts are the files' own. `LAYERS` is also what
+The contributing page's layout tables and its layers diagram come from here, so their file
+names and line counts are the files' own. `LAYERS` is also what
 tests/test_layers.py holds the imports to.
 """
 
@@ -84,8 +84,8 @@ def _number(n: int) -> str:
     return words[n] if n < len(words) else str(n)
 
 
-def readme_block() -> str:
-    """The README's layout: the core with its sizes, then each folder's files."""
+def files() -> Section:
+    """The contributing page's layout: the core with its sizes, then each folder's files."""
     rows = core()
     lines, code = sum(r[1] for r in rows), sum(r[2] for r in rows)
     out = [f"The core, the library you read in an afternoon: {_number(len(rows))} files, "
@@ -95,14 +95,13 @@ def readme_block() -> str:
     out += [f"| `equarx_ref/{f}` | {n} | {c} | {what} |" for f, n, c, what in rows]
     out += ["", "Everything else sits in a folder named for its purpose (lines per file):", "",
             "| folder | files | what |", "| --- | --- | --- |"]
-    out += [f"| `equarx_ref/{d}` | {', '.join(f'{f} {n}' for f, n in files)} | {what} |"
+    out += [f"| `equarx_ref/{d}` | {', '.join(f'`{f}` {n}' for f, n in files)} | {what} |"
             for d, files, what in folders()]
     rest = sorted(p.name for p in PKG.glob("*.py")
                   if p.stem not in CORE and p.name != "__init__.py")
     out += ["", "Beside them: " + ", ".join(f"`{f}` ({count(PKG / f)[0]} lines)" for f in rest)
-            + "; the layers they import through are drawn in "
-            "[docs/contributing.md](docs/contributing.md).", ""]
-    return "\n".join(out)
+            + "; the layers they import through are drawn below.", ""]
+    return Section("\n".join(out))
 
 
 def layers() -> Section:

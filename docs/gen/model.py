@@ -1,17 +1,20 @@
-"""`equarx-ref model` on the site and in the README: modelled TPU time, from model-v5e.json.
+"""`equarx-ref model` on the site: modelled TPU time, from model-v5e.json (the README's headline
+quotes a row of it and `PAPER_PREFILL`).
 
-The report is the command's JSON as it wrote it (`equarx_ref/cost.py` and
-`equarx_ref/gemma/prefill.py` on one chip type): for messages of 1 KiB to 1 GiB the unquantized
+The report is the command's JSON as it wrote it (`equarx_ref/models/cost.py` and
+`equarx_ref/models/prefill.py` on one chip type): for messages of 1 KiB to 1 GiB the unquantized
 time and the speedups of int8 and int4, each at its best pipeline depth; the crossover; Gemma 3
 prefill at the given TP. Every figure in it is modelled, and the tables say so.
 """
 
 from __future__ import annotations
 
-from .commands import COMMANDS, command_block
+from .commands import command_block
 from .common import Section, load, png, table
 
 FILE = "model-v5e.json"
+#: Gemma 3 prefill speedups the EQuARX paper measured on TPUs, beside the modelled ones.
+PAPER_PREFILL = {"Gemma 3 12B": "1.1x", "Gemma 3 27B": "1.25x"}
 
 
 def _size(nbytes: int) -> str:
@@ -55,7 +58,7 @@ def crossover(report: dict) -> str:
 
 def prefill_table(report: dict) -> str:
     """Gemma 3 prefill: matmuls, AllReduces bf16 and int8, speedup, the paper's figure."""
-    paper = {"Gemma 3 12B": "1.1x", "Gemma 3 27B": "1.25x"}
+    paper = PAPER_PREFILL
     return table(
         [f"prefill, {report['prefill'][0]['tokens']} tokens, TP={report['prefill'][0]['tp']}",
          "matmuls", "AllReduces bf16", "AllReduces int8", "speedup (modelled)",
@@ -85,9 +88,3 @@ def results() -> Section:
         "[notebook 05](notebooks/05_cost_and_pipelining.ipynb).*", ""]),
         {path: png(ax.figure)})
 
-
-def readme() -> str:
-    """The README's block: the command, the setting, the tables."""
-    report = load(FILE)
-    return (f"`{COMMANDS[FILE]}`: {setting(report)}\n\n{speedup_table(report)}\n\n"
-            f"{crossover(report)}\n\n{prefill_table(report)}\n")

@@ -1,5 +1,5 @@
-"""`equarx-ref bench --hosts` on the site and in the README: 4 processes on capped links,
-measured against the time model, from equarx_ref/data/multihost-*.json.
+"""`equarx-ref bench --hosts` on the site: 4 processes on capped links, measured against the
+time model, from equarx_ref/data/multihost-*.json (the README's headline quotes one run).
 
 Each file is the JSON the command wrote, and names that command (`"command"`): it needs root
 (network namespaces) and minutes, so `python docs/hooks.py refresh` does not rerun it; run the
@@ -160,13 +160,3 @@ def results() -> Section:
                   f"![Measured and modelled seconds per AllReduce at {name}]({path})", ""]
     return Section("\n".join([*parts, _notes(), ""]), figures)
 
-
-def readme() -> str:
-    """The README's block: per stored run, its command, setting, the target size's rows, the
-    model's error per size and the verdicts."""
-    stored = runs()
-    if not stored:
-        return _missing() + "\n"
-    return "\n".join(f"`{r['command']}`: {setting(r)}\n\n{rows_table(r, TARGET_MIB)}\n\n"
-                     f"Model / measured per message size:\n\n{model_table(r)}\n\n"
-                     f"{verdicts(r)}\n" for r in stored)

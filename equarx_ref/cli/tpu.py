@@ -25,8 +25,8 @@ def add_model(sub) -> None:
     from ..schedule import ALGORITHMS
 
     p = sub.add_parser("model", help=COMMANDS["model"][0],
-                       description="The time model (equarx_ref/cost.py) on one TPU chip type: "
-                       "for messages of 1 KiB to 1 GiB, the modelled time of the unquantized "
+                       description="The time model (equarx_ref/models/cost.py) on one TPU chip "
+                       "type: for messages of 1 KiB to 1 GiB, the modelled time of the unquantized "
                        "AllReduce and the speedup of int8 and int4, each at its best pipeline "
                        "depth; then Gemma 3 12B and 27B prefill at the given TP. Modelled "
                        "figures, not measurements.")
