@@ -181,13 +181,13 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
     dtype = check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
                           hop_bits, impl, backward, bucket_bytes, dtype, shape, axes)
 
-    def reduce(flat: jax.Array, bucket: int | None) -> jax.Array:
+    def reduce(flat: jax.Array, bucket: int | None, key) -> jax.Array:
         k = key if key is None or bucket is None else jax.random.fold_in(key, bucket)
         return _reduce(flat, axes, shape, fmt, algorithm, num_chunks, min_bytes, k, rotate,
                        hop_bits, impl)
 
     return reduce_tree(x, axes, reduce, backward=backward, bucket_bytes=bucket_bytes,
-                       dtype=dtype)
+                       dtype=dtype, key=key, linear=fmt is None or algorithm == "psum")
 
 
 def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, hop_bits, impl):
