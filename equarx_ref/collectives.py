@@ -213,12 +213,16 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
                 _mesh_axes(axes))
 
 
+@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class AllReduce:
     """One `all_reduce` configuration as a value: `AllReduce(fmt=..., algorithm=...)(x, axis)`.
 
-    Frozen and hashable, so it can be a static argument of `jax.jit` (the Gemma model's
-    `all_reduce=`): equal configurations compile once. Checked when built, like `all_reduce`.
+    Frozen and hashable, and a pytree with no leaves (`jax.tree_util.register_static`): passed
+    to `jax.jit` as a static argument or as an ordinary one (the Gemma model's `all_reduce=`),
+    it is a compile-time constant, never a traced array (its field `dtype` would otherwise
+    make jax take it for one), and equal configurations compile once. Checked when built, like
+    `all_reduce`.
 
     The remedies: `stochastic_seed` (an int: stochastic rounding with
     `jax.random.key(stochastic_seed)`, the same key every call; or pass `key=` when calling,
