@@ -62,7 +62,9 @@ def test_output_paths_are_checked_before_the_work(command, monkeypatch, capsys):
     assert outputs, command
     for action in outputs:
         flag = action.option_strings[0]
-        for path in ("/no/such/dir/out.json", ROOT):  # a missing directory; a directory
+        # a missing directory; a directory; a directory named as one, existing or not
+        for path in ("/no/such/dir/out.json", ROOT, os.path.join(ROOT, "no_such_dir") + "/",
+                     os.path.join(ROOT, "no_such_dir", "."), "./"):
             with pytest.raises(SystemExit) as e:
                 cli.main([command, flag, path])
             assert e.value.code == 2
@@ -112,3 +114,37 @@ def test_ctrl_c_during_a_real_demo():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "equarx-ref demo: interrupted"  # after progress
+
+
+NOTHING_TO_RUN = {  # options a parser takes one by one, together not something the run can do
+    "train --steps 1000000000": "steps must be at most 104850",
+    "train --json no_such_dir/": "names a directory",
+    "sweep --p 2 --algorithms one_shot --remedies sr": "nothing to run",
+    "sweep --algorithms ring --formats mxfp8 --remedies adaptive": "nothing to run",
+    "sweep --algorithms bidir_ring one_shot --remedies rotate adaptive": "nothing to run",
+}
+
+
+@pytest.mark.parametrize("argv", list(NOTHING_TO_RUN))
+def test_what_the_run_cannot_honour_is_refused_before_the_work(argv, monkeypatch, capsys):
+    """#wrong, the command line: a run that cannot fit in memory, an output path naming a
+    directory, an option mix that leaves nothing to run: one line and status 2, before any
+    device is set up (they ended in a traceback, or after the work, or with status 1)."""
+    from equarx_ref import devices
+
+    monkeypatch.setattr(devices, "setup_devices", lambda *_: pytest.fail("the work started"))
+    try:
+        status = cli.main(argv.split())
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    assert NOTHING_TO_RUN[argv] in _one_line(capsys.readouterr().err)
+
+
+def test_json_is_strict_and_a_table_may_be_empty(capsys):
+    """#wrong, outputs: NaN and infinities are JSON null (RFC 8259 has no NaN: `--seeds 1`
+    wrote its missing standard errors as NaN); a table of no rows is its headers."""
+    options.write_json("-", {"se": float("nan"), "v": [1.5, float("inf")], "n": None})
+    assert json.loads(capsys.readouterr().out, parse_constant=pytest.fail) == {
+        "se": None, "v": [1.5, None], "n": None}
+    assert options.table(["a", "bb"], []).splitlines() == ["a  bb", "-  --"]

@@ -236,6 +236,7 @@ def cmd_sweep(args) -> int:
     from .. import devices
     from ..runs import sweep
 
+    sweep.configurations(args.p, args.algorithms, args.formats, args.remedies)  # or refused
     devs = devices.setup_devices(max(args.p))
     out = sys.stderr if args.json == "-" else sys.stdout
     command = ["equarx-ref", "sweep", "--p", *map(str, args.p), "--algorithms",
