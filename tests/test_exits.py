@@ -122,6 +122,7 @@ NOTHING_TO_RUN = {  # options a parser takes one by one, together not something 
     "sweep --p 2 --algorithms one_shot --remedies sr": "nothing to run",
     "sweep --algorithms ring --formats mxfp8 --remedies adaptive": "nothing to run",
     "sweep --algorithms bidir_ring one_shot --remedies rotate adaptive": "nothing to run",
+    "gemma --algorithms psum --formats int8 int4": "nothing to run",
 }
 
 

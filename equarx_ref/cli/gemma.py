@@ -52,8 +52,12 @@ def add_gemma(sub) -> None:
 
 
 def cmd_gemma(args) -> int:
+    from ..formats import UNQUANTIZED
     from ..gemma import figures, quality, report
 
+    if all(a == "psum" and f != UNQUANTIZED for a in args.algorithms for f in args.formats):
+        raise ValueError(f"nothing to run: psum runs unquantized only; add {UNQUANTIZED} to "
+                         "--formats or another algorithm to --algorithms")
     result = quality.evaluate_text(None if args.text is None else args.text.read(),
                                    tp=args.tp, max_tokens=args.tokens,
                                    algorithms=args.algorithms, formats=args.formats,
