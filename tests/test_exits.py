@@ -149,3 +149,19 @@ def test_json_is_strict_and_a_table_may_be_empty(capsys):
     assert json.loads(capsys.readouterr().out, parse_constant=pytest.fail) == {
         "se": None, "v": [1.5, None], "n": None}
     assert options.table(["a", "bb"], []).splitlines() == ["a  bb", "-  --"]
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "RESOURCE_EXHAUSTED: Out of memory allocating 1024000000000 bytes.")])
+def test_out_of_memory_is_one_line_and_status_1(error, monkeypatch, capsys):
+    """A run too large for this machine (a size no parser can know too large) ends in one
+    line, status 1, not the 23-line traceback of XLA's failed allocation."""
+    def too_big(_args):
+        raise error
+    monkeypatch.setattr(cli.command_module("demo"), "cmd_demo", too_big)
+    assert cli.main(["demo"]) == 1
+    assert _one_line(capsys.readouterr().err).startswith("equarx-ref demo: error: out of memory")
+    monkeypatch.setattr(cli.command_module("demo"), "cmd_demo",
+                        lambda _args: 1 / 0)  # any other failure is a bug: its traceback
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["demo"])
