@@ -244,7 +244,7 @@ class AllReduce:
 
     def __post_init__(self):
         if self.stochastic_seed is not None:
-            count(self.stochastic_seed, "stochastic_seed", minimum=0)
+            count(self.stochastic_seed, "stochastic_seed", minimum=0, maximum=2**63 - 1)
         dtype = check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
                               self.stochastic_seed is not None, self.rotate, self.hop_bits,
                               self.impl, self.backward, self.bucket_bytes, self.dtype)

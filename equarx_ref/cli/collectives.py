@@ -247,7 +247,7 @@ def cmd_sweep(args) -> int:
                          size=args.size, chip=args.chip, progress=not args.no_progress)
     print(f"{devices.describe_devices(devs)}; {args.size} values per device; "
           f"{len(result['points'])} points in {result['seconds']:.0f} s", file=out)
-    for kind in args.data:
+    for kind in dict.fromkeys(args.data):
         print(f"\n{kind}:", file=out)
         print(table(["p", "algorithm", "format", "remedy", "bits/el", "bytes/value",
                      "rel err", "model", f"{args.chip} speedup", "front"],

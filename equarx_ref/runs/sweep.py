@@ -156,6 +156,10 @@ def sweep(p_values=DEFAULT_P, algorithms=DEFAULT_ALGORITHMS, formats=DEFAULT_FOR
         progress: a progress bar on stderr (tqdm if installed, else a counter).
     """
     configs = configurations(p_values, algorithms, formats, remedies)
+    data = list(dict.fromkeys(data))
+    for kind in data:
+        if kind not in DATA:
+            raise ValueError(f"unknown data {kind!r}; choose one of {DATA}")
     bar = progress_bar(len(configs), progress)
     points, n_model = [], message_bytes // 2
     t0 = time.perf_counter()

@@ -308,7 +308,7 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
     its HLO sends (`hlo_wire_bytes`, stored beside `wire_bytes`); a few seconds a variant.
     """
     cfg = config or TrainConfig()
-    names = list(VARIANTS) if variants is None else list(variants)
+    names = list(VARIANTS) if variants is None else list(dict.fromkeys(variants))
     for name in names:
         if name not in VARIANTS:
             raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
