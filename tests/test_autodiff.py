@@ -305,17 +305,20 @@ def test_linear_transpose_is_psums_or_refused():
     """#wrong, linear_transpose: the unquantized collective is a linear sum and transposes as
     psum does (it raised on bitcast_convert_type); a quantized one rounds, so it is not linear
     and is refused in one line naming what to use instead."""
-    def transpose(red):
-        return smap(lambda v: jax.linear_transpose(red, v[0])(v[0])[0][None], P(AX), False)
+    def transpose(red, check_vma):  # the cotangent typed as the output is (invariant)
+        ct = (lambda v: lax.psum(v, AX)) if check_vma else (lambda v: v)
+        return smap(lambda v: jax.linear_transpose(red, v[0])(ct(v[0]))[0][None], P(AX),
+                    check_vma)
 
-    want = np.asarray(transpose(functools.partial(lax.psum, axis_name=AX))(X))
-    for algorithm in ("ring", "two_shot", "psum"):
-        for backward in ("psum", "quantized"):
-            red = functools.partial(ar, fmt=None, algorithm=algorithm, backward=backward)
-            np.testing.assert_array_equal(np.asarray(transpose(red)(X)), want,
-                                          err_msg=(algorithm, backward))
-    with pytest.raises(TypeError, match=r"quantized fmt is not linear .* use jax.vjp"):
-        transpose(functools.partial(ar, fmt=INT8))(X)
+    for check_vma in (True, False):
+        want = np.asarray(transpose(functools.partial(lax.psum, axis_name=AX), check_vma)(X))
+        for algorithm in ("ring", "two_shot", "psum"):
+            for backward in ("psum", "quantized"):
+                red = functools.partial(ar, fmt=None, algorithm=algorithm, backward=backward)
+                np.testing.assert_array_equal(np.asarray(transpose(red, check_vma)(X)), want,
+                                              err_msg=(algorithm, backward, check_vma))
+        with pytest.raises(TypeError, match=r"quantized fmt is not linear .* use jax.vjp"):
+            transpose(functools.partial(ar, fmt=INT8), check_vma)(X)
 
 
 def test_a_traced_key_does_not_leak_from_the_backward():
