@@ -123,6 +123,7 @@ NOTHING_TO_RUN = {  # options a parser takes one by one, together not something 
     "sweep --algorithms ring --formats mxfp8 --remedies adaptive": "nothing to run",
     "sweep --algorithms bidir_ring one_shot --remedies rotate adaptive": "nothing to run",
     "gemma --algorithms psum --formats int8 int4": "nothing to run",
+    "kernels --compile v5e:2x4 --only none": "nothing to run",
 }
 
 
