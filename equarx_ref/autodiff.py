@@ -63,7 +63,7 @@ except ImportError:  # pragma: no cover - a jax without it: the check is skipped
     pe = None
 
 __all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "check_tree_args",
-           "checks_vma", "reduce_tree", "varying_axes"]
+           "checks_vma", "reduce_tree", "straight_through", "varying_axes"]
 
 #: Values of `all_reduce(..., backward=)`: psum's exact cotangent, or the quantized collective.
 BACKWARDS = ("psum", "quantized")
@@ -175,6 +175,21 @@ def _differentiable(reduce, psum, quantized_backward: bool):
     # of through the rounding (a silent zero). psum^T = psum, here quantized.
     g.defvjp(lambda v, key: (f(v, key), key), lambda key, ct: (f(ct, key), None))
     return g
+
+
+def straight_through(reduce, group, what: str):
+    """`reduce(x, aux)` (a quantized sum over `group`, not differentiable) with psum's
+    derivative, as `all_reduce` has it (backward "psum"); `aux` (an array, e.g. a traced site
+    index) passes through the rule as an argument. `jax.linear_transpose` is refused, naming
+    `what`: a quantized sum is not linear."""
+    f = _differentiable(reduce, lambda t: lax.psum(t, group), False)
+
+    def call(x, aux):
+        if _transposing([x]):
+            raise TypeError(f"jax.linear_transpose: {what} rounds, so it is not linear and has "
+                            "no transpose; use jax.vjp (its derivative is psum's)")
+        return f(x, aux)
+    return call
 
 
 def _transposing(leaves) -> bool:

@@ -146,13 +146,15 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             the tangent, exact). "psum" (default): the cotangent is psum's transpose, exact;
             "quantized": the cotangent goes through this same collective (reverse mode only;
             it changes something only where psum's transpose communicates, i.e. under
-            `check_vma=False`). See `autodiff.py`.
+            `check_vma=False`). Derivatives of every order are psum's (`jax.hessian`,
+            jvp of grad); `jax.linear_transpose` transposes fmt=None as psum and refuses a
+            quantized fmt (not linear). See `autodiff.py`.
         bucket_bytes: a pytree's leaves are cut into buckets of at most this many bytes (of
             `dtype`) at leaf boundaries, one collective each, like PyTorch DDP's
             `bucket_cap_mb`; a larger leaf goes alone. None (default): one buffer.
         dtype: the dtype of the buffer sent and summed (default: the leaves' common dtype);
-            with fmt=None it is what travels, e.g. dtype="bfloat16" for a bf16 ring of f32
-            gradients. Each leaf comes back in its own dtype. Accumulation is in f32.
+            with fmt=None it is what travels, e.g. dtype="bfloat16" (or "bf16") for a bf16
+            ring of f32 gradients. Each leaf comes back in its own dtype. Accumulation is in f32.
 
     Returns:
         The sum, with the structure, shapes and dtypes of `x`: bitwise identical on every
@@ -162,7 +164,8 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
     Raises:
         TypeError: a leaf that is not floating point, leaves without a common dtype and no
             `dtype=`, `fmt` not a Format, `key` not a PRNG key, `rotate` not a bool, a count
-            not an integer.
+            not an integer; `jax.linear_transpose` of a quantized fmt; forward mode (jvp) of
+            backward="quantized" where it communicates (jax: a custom_vjp has no jvp).
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
