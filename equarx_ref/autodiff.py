@@ -205,7 +205,7 @@ def _caller_stacklevel() -> int:
     """The stacklevel of the first frame outside this module and collectives.py: the line
     that called `all_reduce` or an `AllReduce`, however it entered."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename in _INTERNAL:
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _INTERNAL:
         frame, level = frame.f_back, level + 1
     return level
 
