@@ -37,12 +37,13 @@ def add_train(sub) -> None:
                    help="variants to run (default: all; the f32 psum baseline always runs)")
     p.add_argument("--steps", type=argument(steps), default=defaults.steps,
                    help=f"optimizer steps (default {defaults.steps})")
-    p.add_argument("--seeds", type=at_least(1), default=defaults.seeds,
+    p.add_argument("--seeds", type=at_least(1), default=None,
                    help=f"paired seeds per variant (default {defaults.seeds}); with one seed "
                    "there is no standard error (null in JSON)")
     p.add_argument("--hops", action="store_true",
-                   help="the hop table of the f32 run's gradients, not the variants, at steps "
-                   "0, 100, 300 within --steps and at the last step")
+                   help="the hop table of the f32 run's gradients (seed 0), not the "
+                   "variants (so no --variants, --seeds), at steps 0, 100, 300 within --steps "
+                   "and at the last step")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the result as JSON ('-' for stdout, then the table goes to "
                    "stderr)")
@@ -54,6 +55,10 @@ def cmd_train(args) -> int:
     from .. import devices
     from ..runs import train
 
+    if args.hops and (args.variants is not None or args.seeds is not None):
+        raise ValueError("--variants and --seeds choose the variant runs; --hops tabulates the "
+                         "f32 run of seed 0 alone")
+    args.seeds = train.TrainConfig().seeds if args.seeds is None else args.seeds
     devs = devices.setup_devices(8)
     out = sys.stderr if args.json == "-" else sys.stdout
     config = train.TrainConfig(steps=args.steps, seeds=args.seeds)
