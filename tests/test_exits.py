@@ -127,6 +127,7 @@ NOTHING_TO_RUN = {  # options a parser takes one by one, together not something 
     "kernels --compile v5e:2x4 --only none": "nothing to run",
     "train --hops --variants 'int4 ring'": "--hops tabulates the f32 run",
     "train --hops --seeds 2": "--hops tabulates the f32 run",
+    "sweep --p 2 300 --remedies adaptive": "at most 256 devices",
 }
 
 

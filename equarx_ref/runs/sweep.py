@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..collectives import AllReduce
 from ..formats import Format, format_label
-from ..models.hops import hop_plan, plan_bits_per_element
+from ..models.hops import MAX_DEVICES, hop_plan, plan_bits_per_element
 from ..models.predict import predicted_relative_error, wire_bytes
 from .progress import progress_bar
 
@@ -106,6 +106,10 @@ def configurations(p_values, algorithms, formats, remedies) -> list[tuple]:
             raise ValueError(f"unknown remedy {r!r}; choose from {list(REMEDIES)}")
     configs = [(p, a, f, r) for p in dict.fromkeys(p_values) for a in dict.fromkeys(algorithms)
                for f in fmts for r in dict.fromkeys(remedies) if _applies(a, f, r)]
+    big = sorted({p for p, _, _, r in configs if "adaptive" in r and p > MAX_DEVICES})
+    if big:
+        raise ValueError(f"hop-aware bits ('adaptive') plan at most {MAX_DEVICES} devices, "
+                         f"got --p {' '.join(map(str, big))}")
     if not configs:
         raise ValueError(f"nothing to run: the remedies {' '.join(remedies)} do not apply to "
                          f"{' '.join(algorithms)} with {' '.join(map(str, fmts))} (remedies run "
