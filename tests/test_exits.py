@@ -128,6 +128,7 @@ NOTHING_TO_RUN = {  # options a parser takes one by one, together not something 
     "train --hops --variants 'int4 ring'": "--hops tabulates the f32 run",
     "train --hops --seeds 2": "--hops tabulates the f32 run",
     "sweep --p 2 300 --remedies adaptive": "at most 256 devices",
+    "sweep --p 2 --formats int4 int4/b24 --remedies none rotate": "power of two",
 }
 
 

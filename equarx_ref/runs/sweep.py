@@ -106,6 +106,8 @@ def configurations(p_values, algorithms, formats, remedies) -> list[tuple]:
             raise ValueError(f"unknown remedy {r!r}; choose from {list(REMEDIES)}")
     configs = [(p, a, f, r) for p in dict.fromkeys(p_values) for a in dict.fromkeys(algorithms)
                for f in fmts for r in dict.fromkeys(remedies) if _applies(a, f, r)]
+    for _, a, f, r in configs:  # each configuration's own rules (e.g. rotate: 2^k blocks)
+        AllReduce(f, a, min_bytes=0, **REMEDIES[r])
     big = sorted({p for p, _, _, r in configs if "adaptive" in r and p > MAX_DEVICES})
     if big:
         raise ValueError(f"hop-aware bits ('adaptive') plan at most {MAX_DEVICES} devices, "
