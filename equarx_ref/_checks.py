@@ -15,7 +15,11 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["array", "count", "flag", "number", "value_dtype"]
+__all__ = ["DTYPE_ALIASES", "array", "count", "dtype_alias", "flag", "number", "value_dtype"]
+
+#: The short names the package prints for dtypes (tables, formats: "bf16"), read back.
+DTYPE_ALIASES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32",
+                 "fp32": "float32"}
 
 
 def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
@@ -48,10 +52,16 @@ def number(value, what: str, *, positive: bool = True) -> float:
     return value
 
 
+def dtype_alias(dtype):
+    """`dtype`, with a short name the package prints ("bf16", "f32") spelled out."""
+    return DTYPE_ALIASES.get(dtype.lower(), dtype) if isinstance(dtype, str) else dtype
+
+
 def value_dtype(dtype, what: str = "dtype") -> np.dtype:
-    """`dtype` as a floating NumPy/JAX dtype (e.g. "bfloat16", jnp.float32), else an error."""
+    """`dtype` as a floating NumPy/JAX dtype (e.g. "bfloat16" or "bf16", jnp.float32), else an
+    error."""
     try:
-        out = jnp.dtype(dtype) if dtype is not None else None
+        out = jnp.dtype(dtype_alias(dtype)) if dtype is not None else None
     except TypeError:
         out = None
     if out is None or not jnp.issubdtype(out, jnp.floating):

@@ -19,6 +19,17 @@ the forward's error again, and it only matters where psum^T communicates, i.e. u
 every device and its transpose sends nothing, so there is nothing to quantize: the rule stays
 psum's (and jvp keeps working).
 
+Every order, every transformation: right or refused. The quantized backward's passes are
+themselves straight-through (both call the `custom_jvp`), so forward over reverse (`jax.hessian`,
+jvp of grad) and reverse over reverse differentiate psum, not the rounding (which would be a
+silent zero); vmap of grad batches the rules. Forward mode of the quantized backward (jvp,
+jacfwd, linearize under `check_vma=False`) is refused by jax with a TypeError (a `custom_vjp`
+has no jvp). `jax.linear_transpose` of an unquantized sum transposes it as psum; a quantized one
+rounds, is not linear, and is refused in one line (`jax.vjp` gives its straight-through
+transpose). A rounding key is an argument of the rules, never a closure: a key traced by an
+enclosing `jit` (an argument, or made in the trace by `AllReduce(stochastic_seed=)`) would
+otherwise leak into the backward pass.
+
 Pytrees. Leaves are flattened into one buffer in the dtype `dtype` (default: the leaves' common
 dtype, `jnp.result_type`), cut into buckets at leaf boundaries (a leaf larger than
 `bucket_bytes` is a bucket of its own, like PyTorch DDP's `bucket_cap_mb`; None: one bucket),
@@ -36,19 +47,30 @@ carry no such information, and `jax.grad` returns per-device gradients.)
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import count
+from ._checks import count, dtype_alias
+
+try:  # what linear_transpose traces with (no public name): see _transposing
+    from jax._src.interpreters import partial_eval as pe
+except ImportError:  # pragma: no cover - a jax without it: the check is skipped
+    pe = None
 
 __all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "check_tree_args",
-           "checks_vma", "reduce_tree", "varying_axes"]
+           "checks_vma", "reduce_tree", "straight_through", "varying_axes"]
 
 #: Values of `all_reduce(..., backward=)`: psum's exact cotangent, or the quantized collective.
 BACKWARDS = ("psum", "quantized")
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL = {os.path.abspath(__file__), os.path.join(_HERE, "collectives.py")}
 
 
 class InvariantInputWarning(UserWarning):
@@ -95,7 +117,7 @@ def check_tree_args(backward: str, bucket_bytes: int | None, dtype):
     if dtype is None:
         return None
     try:
-        dtype = jnp.dtype(dtype)
+        dtype = jnp.dtype(dtype_alias(dtype))
     except TypeError:
         raise TypeError(f"dtype must be a floating-point dtype, got {dtype!r}") from None
     if not jnp.issubdtype(dtype, jnp.floating):
@@ -130,34 +152,76 @@ def _buffer_dtype(leaves, dtype):
 
 
 def _differentiable(reduce, psum, quantized_backward: bool):
-    """reduce (flat -> flat, not differentiable) with psum's derivative (straight-through)."""
-    if not quantized_backward:
-        @jax.custom_jvp
-        def f(v):
-            return reduce(v)
+    """reduce(v, key) (flat -> flat, not differentiable) with psum's derivative
+    (straight-through). The key is an argument, not a closure: a rule that closed over a key
+    traced by an enclosing `jit` would leak it into the backward pass."""
+    @jax.custom_jvp
+    def f(v, key):
+        return reduce(v, key)
 
-        @f.defjvp
-        def _(primals, tangents):
-            return f(primals[0]), psum(tangents[0])
+    @f.defjvp
+    def _(primals, tangents):
+        return f(*primals), psum(tangents[0])
+
+    if not quantized_backward:
         return f
 
     @jax.custom_vjp
-    def g(v):
-        return reduce(v)
+    def g(v, key):
+        return reduce(v, key)
 
-    g.defvjp(lambda v: (reduce(v), None), lambda _, ct: (reduce(ct),))  # psum^T = psum, quantized
+    # Both passes call f, not reduce: a derivative of the gradient (forward over reverse:
+    # jax.hessian, jvp of grad) then differentiates them straight-through too, as psum, instead
+    # of through the rounding (a silent zero). psum^T = psum, here quantized.
+    g.defvjp(lambda v, key: (f(v, key), key), lambda key, ct: (f(ct, key), None))
     return g
 
 
-def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
-                bucket_bytes: int | None = None, dtype=None):
-    """Sum a pytree over `axes` with `reduce(flat, bucket) -> flat` per bucket, differentiably.
+def straight_through(reduce, group, what: str):
+    """`reduce(x, aux)` (a quantized sum over `group`, not differentiable) with psum's
+    derivative, as `all_reduce` has it (backward "psum"); `aux` (an array, e.g. a traced site
+    index) passes through the rule as an argument. `jax.linear_transpose` is refused, naming
+    `what`: a quantized sum is not linear."""
+    f = _differentiable(reduce, lambda t: lax.psum(t, group), False)
 
-    `reduce` gets one bucket as a 1-D array of `dtype` and its index (to fold into a rounding
-    key; None when there is one bucket) and returns the sum in the same dtype; it is the
+    def call(x, aux):
+        if _transposing([x]):
+            raise TypeError(f"jax.linear_transpose: {what} rounds, so it is not linear and has "
+                            "no transpose; use jax.vjp (its derivative is psum's)")
+        return f(x, aux)
+    return call
+
+
+def _transposing(leaves) -> bool:
+    """True while `jax.linear_transpose` traces the collective: its inputs are then unknown
+    values of a partial evaluation, which no other transformation hands to `all_reduce` (jvp,
+    grad and linearize apply the custom rule first)."""
+    tracer = getattr(pe, "JaxprTracer", None)
+    return tracer is not None and any(isinstance(v, tracer) and not v.is_known()
+                                      for v in leaves)
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside this module and collectives.py: the line
+    that called `all_reduce` or an `AllReduce`, however it entered."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _INTERNAL:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
+                bucket_bytes: int | None = None, dtype=None, key=None, linear: bool = False):
+    """Sum a pytree over `axes` with `reduce(flat, bucket, key) -> flat` per bucket,
+    differentiably.
+
+    `reduce` gets one bucket as a 1-D array of `dtype`, its index (to fold into a rounding
+    key; None when there is one bucket) and `key` (passed through the custom rules as an
+    argument, so a traced key never leaks), and returns the sum in the same dtype; it is the
     forward only. The tangent is `lax.psum`'s, the cotangent psum's transpose
     (`backward="psum"`) or `reduce` itself (`backward="quantized"`, where psum's transpose
-    communicates).
+    communicates). `linear`: the forward is an unquantized sum, which `jax.linear_transpose`
+    transposes as psum; a quantized one rounds, so it is not linear and is refused there.
     """
     dtype = check_tree_args(backward, bucket_bytes, dtype)
     if tree is None:  # an empty pytree to jax, but here surely a mistake
@@ -168,6 +232,13 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
         return tree
     buf_dtype = _buffer_dtype(leaves, dtype)
     group = axes if len(axes) > 1 else axes[0]
+    psum = lambda t: lax.psum(t, group)  # noqa: E731
+    if _transposing(leaves):
+        if not linear:
+            raise TypeError("jax.linear_transpose: all_reduce with a quantized fmt is not linear "
+                            "(it rounds), so it has no transpose; use jax.vjp (its derivative "
+                            "is psum's, straight-through) or fmt=None")
+        return jax.tree.map(psum, tree)  # an unquantized sum: transposed as psum is
     vma = checks_vma(axes)
     invariant = vma and any(not set(axes) <= varying_axes(v) for v in leaves)
     if invariant and lax.axis_size(group) > 1:
@@ -176,8 +247,7 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             f"invariant over it: e.g. gradients jax.grad already summed because the params were "
             f"replicated); summing it multiplies it by {lax.axis_size(group)}. In a data-parallel "
             f"step call lax.pcast(params, {group!r}, to='varying') before jax.grad."),
-            stacklevel=4)
-    psum = lambda t: lax.psum(t, group)  # noqa: E731
+            stacklevel=_caller_stacklevel())
     out = [None] * len(leaves)
     buckets = bucket_leaves([v.size for v in leaves], buf_dtype.itemsize, bucket_bytes)
     for b, members in enumerate(buckets):
@@ -185,9 +255,9 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             if len(members) > 1 else leaves[members[0]].reshape(-1).astype(buf_dtype)
         # under check_vma psum^T sends nothing: the quantized backward is psum's there
         index = b if len(buckets) > 1 else None
-        fn = _differentiable(lambda v, i=index: reduce(v, i), psum,
+        fn = _differentiable(lambda v, k, i=index: reduce(v, i, k), psum,
                              backward == "quantized" and not vma)
-        total = fn(flat)
+        total = fn(flat, key)
         start = 0
         for i in members:
             v = leaves[i]

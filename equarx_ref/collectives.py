@@ -146,13 +146,15 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             the tangent, exact). "psum" (default): the cotangent is psum's transpose, exact;
             "quantized": the cotangent goes through this same collective (reverse mode only;
             it changes something only where psum's transpose communicates, i.e. under
-            `check_vma=False`). See `autodiff.py`.
+            `check_vma=False`). Derivatives of every order are psum's (`jax.hessian`,
+            jvp of grad); `jax.linear_transpose` transposes fmt=None as psum and refuses a
+            quantized fmt (not linear). See `autodiff.py`.
         bucket_bytes: a pytree's leaves are cut into buckets of at most this many bytes (of
             `dtype`) at leaf boundaries, one collective each, like PyTorch DDP's
             `bucket_cap_mb`; a larger leaf goes alone. None (default): one buffer.
         dtype: the dtype of the buffer sent and summed (default: the leaves' common dtype);
-            with fmt=None it is what travels, e.g. dtype="bfloat16" for a bf16 ring of f32
-            gradients. Each leaf comes back in its own dtype. Accumulation is in f32.
+            with fmt=None it is what travels, e.g. dtype="bfloat16" (or "bf16") for a bf16
+            ring of f32 gradients. Each leaf comes back in its own dtype. Accumulation is in f32.
 
     Returns:
         The sum, with the structure, shapes and dtypes of `x`: bitwise identical on every
@@ -162,7 +164,8 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
     Raises:
         TypeError: a leaf that is not floating point, leaves without a common dtype and no
             `dtype=`, `fmt` not a Format, `key` not a PRNG key, `rotate` not a bool, a count
-            not an integer.
+            not an integer; `jax.linear_transpose` of a quantized fmt; forward mode (jvp) of
+            backward="quantized" where it communicates (jax: a custom_vjp has no jvp).
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
@@ -181,13 +184,13 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
     dtype = check_config(fmt, algorithm, num_chunks, min_bytes, key is not None, rotate,
                           hop_bits, impl, backward, bucket_bytes, dtype, shape, axes)
 
-    def reduce(flat: jax.Array, bucket: int | None) -> jax.Array:
+    def reduce(flat: jax.Array, bucket: int | None, key) -> jax.Array:
         k = key if key is None or bucket is None else jax.random.fold_in(key, bucket)
         return _reduce(flat, axes, shape, fmt, algorithm, num_chunks, min_bytes, k, rotate,
                        hop_bits, impl)
 
     return reduce_tree(x, axes, reduce, backward=backward, bucket_bytes=bucket_bytes,
-                       dtype=dtype)
+                       dtype=dtype, key=key, linear=fmt is None or algorithm == "psum")
 
 
 def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, hop_bits, impl):
@@ -213,12 +216,16 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
                 _mesh_axes(axes))
 
 
+@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class AllReduce:
     """One `all_reduce` configuration as a value: `AllReduce(fmt=..., algorithm=...)(x, axis)`.
 
-    Frozen and hashable, so it can be a static argument of `jax.jit` (the Gemma model's
-    `all_reduce=`): equal configurations compile once. Checked when built, like `all_reduce`.
+    Frozen and hashable, and a pytree with no leaves (`jax.tree_util.register_static`): passed
+    to `jax.jit` as a static argument or as an ordinary one (the Gemma model's `all_reduce=`),
+    it is a compile-time constant, never a traced array (its field `dtype` would otherwise
+    make jax take it for one), and equal configurations compile once. Checked when built, like
+    `all_reduce`.
 
     The remedies: `stochastic_seed` (an int: stochastic rounding with
     `jax.random.key(stochastic_seed)`, the same key every call; or pass `key=` when calling,
@@ -240,7 +247,7 @@ class AllReduce:
 
     def __post_init__(self):
         if self.stochastic_seed is not None:
-            count(self.stochastic_seed, "stochastic_seed", minimum=0)
+            count(self.stochastic_seed, "stochastic_seed", minimum=0, maximum=2**63 - 1)
         dtype = check_config(self.fmt, self.algorithm, self.num_chunks, self.min_bytes,
                               self.stochastic_seed is not None, self.rotate, self.hop_bits,
                               self.impl, self.backward, self.bucket_bytes, self.dtype)

@@ -421,7 +421,7 @@ CLASSES = {
     "size or None": _SIZE[:-1],
     "sample count": [1023, *_COUNT],
     "seed": [-1, 2.5, "0", True, None],
-    "seed or None": [-1, 2.5, "0", True],
+    "seed or None": [-1, 2.5, "0", True, 2**64],  # a seed jax.random.key cannot take
     "devices": [*_COUNT, (), (2, 2, 2), (0, 2), (2, "2"), [4.0]],
     "float array": ["abc", None, np.arange(8), np.ones((4, 8), bool)],
     "format": [*_FORMAT, None],

@@ -245,3 +245,116 @@ def test_fp8_input_accumulates_in_f32_and_the_public_keywords_are_checked():
     np.testing.assert_array_equal(np.asarray(smap(lambda v: a(v[0], AX))(X)),
                                   np.asarray(smap(lambda v: ar(v[0], fmt=None,
                                                                dtype="bfloat16"))(X)))
+
+
+def _psum_or(backward):
+    """The collective under test (int8 ring with `backward`), or lax.psum for None."""
+    if backward is None:
+        return functools.partial(lax.psum, axis_name=AX)
+    return functools.partial(ar, fmt=INT8, backward=backward)
+
+
+# Derivatives of every order and transformation: d(psum(x)^2) does not depend on the forward's
+# error at second order, so each is psum's exactly, or refused (a custom_vjp has no jvp).
+HIGHER = {
+    "hessian": lambda red, v: jax.hessian(lambda u: jnp.sum(red(u) ** 2))(v[:16]),
+    "jacfwd(grad)": lambda red, v: jax.jacfwd(jax.grad(lambda u: jnp.sum(red(u) ** 2)))(v[:16]),
+    "jvp(grad)": lambda red, v: jax.jvp(jax.grad(lambda u: jnp.sum(red(u) ** 2)), (v,),
+                                        (jnp.cos(v),))[1],
+    "grad(grad)": lambda red, v: jax.grad(lambda u: jnp.vdot(W, jax.grad(
+        lambda u: jnp.sum(red(u) ** 2))(u)))(v),
+    "vmap(grad)": lambda red, v: jax.vmap(jax.grad(lambda u: jnp.sum(W * red(u))))(
+        jnp.stack([v, 2 * v])),
+    "jacrev": lambda red, v: jax.jacrev(lambda u: red(u)[:4])(v),
+}
+FIRST_ORDER_REVERSE = ("vmap(grad)", "jacrev")
+FORWARD = {  # forward mode: exact with backward="psum", refused by jax with "quantized"
+    "jvp": lambda red, v: jax.jvp(red, (v,), (jnp.cos(v),))[1],
+    "jacfwd": lambda red, v: jax.jacfwd(red)(v[:8]),
+    "linearize": lambda red, v: jax.linearize(red, v)[1](jnp.cos(v)),
+}
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("backward", ["psum", "quantized"])
+def test_every_order_and_transformation_is_psums_or_refused(backward, check_vma):
+    """#wrong, derivatives: a hessian through the quantized backward was all zeros (forward
+    over reverse differentiated the rounding). Now every transformation gives psum's result
+    bitwise, or a clear TypeError (forward mode of the quantized backward, where it
+    communicates: jax refuses jvp of a custom_vjp)."""
+    def run(build, red):
+        return np.asarray(smap(lambda v: build(red, v[0])[None], P(AX), check_vma)(X))
+
+    for name, build in {**HIGHER, **FORWARD}.items():
+        want = run(build, _psum_or(None))
+        if name in FORWARD and backward == "quantized" and not check_vma:
+            with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+                run(build, _psum_or(backward))
+            continue
+        got = run(build, _psum_or(backward))
+        assert np.abs(want).sum() > 0, name
+        if name in FIRST_ORDER_REVERSE and backward == "quantized" and not check_vma:
+            # the cotangent itself goes through the quantized collective: within its model
+            assert rel(got, want) < 1.5 * eq.predicted_relative_error(8, fmt=INT8,
+                                                                      algorithm="ring"), name
+            continue
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_linear_transpose_is_psums_or_refused():
+    """#wrong, linear_transpose: the unquantized collective is a linear sum and transposes as
+    psum does (it raised on bitcast_convert_type); a quantized one rounds, so it is not linear
+    and is refused in one line naming what to use instead."""
+    def transpose(red, check_vma):  # the cotangent typed as the output is (invariant)
+        ct = (lambda v: lax.psum(v, AX)) if check_vma else (lambda v: v)
+        return smap(lambda v: jax.linear_transpose(red, v[0])(ct(v[0]))[0][None], P(AX),
+                    check_vma)
+
+    for check_vma in (True, False):
+        want = np.asarray(transpose(functools.partial(lax.psum, axis_name=AX), check_vma)(X))
+        for algorithm in ("ring", "two_shot", "psum"):
+            for backward in ("psum", "quantized"):
+                red = functools.partial(ar, fmt=None, algorithm=algorithm, backward=backward)
+                np.testing.assert_array_equal(np.asarray(transpose(red, check_vma)(X)), want,
+                                              err_msg=(algorithm, backward, check_vma))
+        with pytest.raises(TypeError, match=r"quantized fmt is not linear .* use jax.vjp"):
+            transpose(functools.partial(ar, fmt=INT8), check_vma)(X)
+
+
+def test_a_traced_key_does_not_leak_from_the_backward():
+    """#wrong, tracer leaks: jit(grad) of a quantized backward with stochastic rounding, the key
+    a jit argument or made inside the trace (AllReduce(stochastic_seed=)), check_vma=False:
+    the custom rule closed over the key and raised UnexpectedTracerError. Now it is the
+    gradient eager grad gives with the same key."""
+    key = jax.random.key(3)
+
+    def loss(red):
+        f = jax.shard_map(lambda v, k: red(v[0], k), mesh=_mesh(), in_specs=(P(AX), P()),
+                          out_specs=P(), check_vma=False)
+        return lambda x, k: jnp.sum(f(x, k) ** 2)
+
+    by_key = loss(lambda v, k: ar(v, fmt=INT8, key=k, backward="quantized"))
+    seeded = eq.AllReduce(stochastic_seed=3, backward="quantized")
+    by_seed = loss(lambda v, _k: seeded(v, AX))
+    exact = np.asarray(jax.grad(loss(lambda v, _k: lax.psum(v, AX)))(X, key))
+    for f in (by_key, by_seed):
+        eager = np.asarray(jax.grad(f)(X, key))
+        np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f))(X, key)), eager, rtol=1e-6)
+        assert 0 < rel(eager, exact) < 0.05  # stochastic rounding, forward and backward
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(by_key))(X, key)),
+                               np.asarray(jax.jit(jax.grad(by_seed))(X, key)), rtol=1e-6)
+
+
+def test_the_warning_points_at_the_callers_line_and_bf16_names_a_dtype():
+    """InvariantInputWarning names the line that called all_reduce (or an AllReduce), not a
+    frame of jax; dtype="bf16", as the package names bfloat16 everywhere, is bfloat16."""
+    for red in (lambda v: ar(v, fmt=None), lambda v: eq.AllReduce(fmt=None)(v, AX)):
+        with pytest.warns(InvariantInputWarning) as caught:
+            smap(lambda v, red=red: red(jnp.ones(3)))(X)
+        assert caught[0].filename == __file__, caught[0].filename
+    got = smap(lambda v: ar(v[0], fmt=None, dtype="bf16"))(X)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(
+        smap(lambda v: ar(v[0], fmt=None, dtype="bfloat16"))(X)))
+    assert eq.AllReduce(fmt=None, dtype="bf16") == eq.AllReduce(fmt=None, dtype="bfloat16")
+    assert eq.wire_bytes(64, 8, fmt=None, algorithm="ring", dtype="bf16") == eq.wire_bytes(
+        64, 8, fmt=None, algorithm="ring", dtype="bfloat16")

@@ -385,6 +385,28 @@ def test_equal_all_reduce_objects_compile_once():
     assert len(traces) == 2
 
 
+def test_an_all_reduce_object_is_a_static_value_as_an_ordinary_jit_argument():
+    """#wrong, AllReduce as a value: passed to jit without static_argnums it was taken for an
+    array (it has a field `dtype`) and traced ('DynamicJaxprTracer' object is not callable).
+    It is a pytree with no leaves: the same result as static, compiled once per configuration."""
+    mesh = _mesh((8,))
+    traces = []
+
+    @jax.jit
+    def total(collective, x):
+        traces.append(collective)
+        return jax.shard_map(lambda v: collective(v[0], "tp"), mesh=mesh, in_specs=P("tp"),
+                             out_specs=P())(x)
+
+    x = gaussian(8, 256)
+    config = eq.AllReduce(INT8, "two_shot", dtype="float32")
+    assert jax.tree.leaves(config) == []
+    np.testing.assert_array_equal(np.asarray(total(config, x)),
+                                  run(x, "two_shot", fmt=INT8, shape=(8,)))
+    total(eq.AllReduce(eq.Format("int8"), "two_shot", dtype="float32"), x)
+    assert len(traces) == 1 and traces[0] == config
+
+
 def test_size_gate_reads_the_mesh_devices(monkeypatch):
     """The default size gate comes from the devices the collective runs on. A TPU runtime
     with one chip (free Colab) runs the ring on simulated CPU devices: the default backend

@@ -6,6 +6,7 @@ reader of the output goes away. And `equarx-ref --help` imports no heavy module.
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -62,7 +63,9 @@ def test_output_paths_are_checked_before_the_work(command, monkeypatch, capsys):
     assert outputs, command
     for action in outputs:
         flag = action.option_strings[0]
-        for path in ("/no/such/dir/out.json", ROOT):  # a missing directory; a directory
+        # a missing directory; a directory; a directory named as one, existing or not
+        for path in ("/no/such/dir/out.json", ROOT, os.path.join(ROOT, "no_such_dir") + "/",
+                     os.path.join(ROOT, "no_such_dir", "."), "./"):
             with pytest.raises(SystemExit) as e:
                 cli.main([command, flag, path])
             assert e.value.code == 2
@@ -112,3 +115,59 @@ def test_ctrl_c_during_a_real_demo():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "equarx-ref demo: interrupted"  # after progress
+
+
+NOTHING_TO_RUN = {  # options a parser takes one by one, together not something the run can do
+    "train --steps 1000000000": "steps must be at most 104850",
+    "train --json no_such_dir/": "names a directory",
+    "sweep --p 2 --algorithms one_shot --remedies sr": "nothing to run",
+    "sweep --algorithms ring --formats mxfp8 --remedies adaptive": "nothing to run",
+    "sweep --algorithms bidir_ring one_shot --remedies rotate adaptive": "nothing to run",
+    "gemma --algorithms psum --formats int8 int4": "nothing to run",
+    "kernels --compile v5e:2x4 --only none": "nothing to run",
+    "train --hops --variants 'int4 ring'": "--hops tabulates the f32 run",
+    "train --hops --seeds 2": "--hops tabulates the f32 run",
+    "sweep --p 2 300 --remedies adaptive": "at most 256 devices",
+    "sweep --p 2 --formats int4 int4/b24 --remedies none rotate": "power of two",
+}
+
+
+@pytest.mark.parametrize("argv", list(NOTHING_TO_RUN))
+def test_what_the_run_cannot_honour_is_refused_before_the_work(argv, monkeypatch, capsys):
+    """#wrong, the command line: a run that cannot fit in memory, an output path naming a
+    directory, an option mix that leaves nothing to run: one line and status 2, before any
+    device is set up (they ended in a traceback, or after the work, or with status 1)."""
+    from equarx_ref import devices
+
+    monkeypatch.setattr(devices, "setup_devices", lambda *_: pytest.fail("the work started"))
+    try:
+        status = cli.main(shlex.split(argv))
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    assert NOTHING_TO_RUN[argv] in _one_line(capsys.readouterr().err)
+
+
+def test_json_is_strict_and_a_table_may_be_empty(capsys):
+    """#wrong, outputs: NaN and infinities are JSON null (RFC 8259 has no NaN: `--seeds 1`
+    wrote its missing standard errors as NaN); a table of no rows is its headers."""
+    options.write_json("-", {"se": float("nan"), "v": [1.5, float("inf")], "n": None})
+    assert json.loads(capsys.readouterr().out, parse_constant=pytest.fail) == {
+        "se": None, "v": [1.5, None], "n": None}
+    assert options.table(["a", "bb"], []).splitlines() == ["a  bb", "-  --"]
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "RESOURCE_EXHAUSTED: Out of memory allocating 1024000000000 bytes.")])
+def test_out_of_memory_is_one_line_and_status_1(error, monkeypatch, capsys):
+    """A run too large for this machine (a size no parser can know too large) ends in one
+    line, status 1, not the 23-line traceback of XLA's failed allocation."""
+    def too_big(_args):
+        raise error
+    monkeypatch.setattr(cli.command_module("demo"), "cmd_demo", too_big)
+    assert cli.main(["demo"]) == 1
+    assert _one_line(capsys.readouterr().err).startswith("equarx-ref demo: error: out of memory")
+    monkeypatch.setattr(cli.command_module("demo"), "cmd_demo",
+                        lambda _args: 1 / 0)  # any other failure is a bug: its traceback
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["demo"])

@@ -143,7 +143,9 @@ def _exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize("argv, message", [
     ("--hosts 1", "expected an integer >= 2"),
     ("--hosts 2 --link fast", "link rate must look like"),
-    ("--link 1gbit", "--link and --plot go with --hosts"),
+    ("--link 1gbit", "--link goes with --hosts"),
+    ("--algorithms ring --formats int8", "--algorithms, --formats go with --hosts"),  # #wrong:
+    ("--timeout 60", "--timeout goes with --hosts"),  # they were ignored without --hosts
     ("--hosts 2 --formats int16", "int16"),
     ("--hosts 2 --timeout 5", "expected an integer >= 10"),
 ])

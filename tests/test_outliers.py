@@ -271,3 +271,30 @@ def test_jnp_input_dtypes_kept(state):
     x = jnp.asarray(planted(0)[:, 0], jnp.bfloat16)
     y, _ = run(O.StaticAllReduce(fmt), x, 0)
     assert y.dtype == jnp.bfloat16
+
+
+def test_derivative_is_psums_and_the_collective_is_a_static_value(state):
+    """#wrong, derivatives: the gradient through the static int4 collective was silently zero
+    (the rounding's); it is psum's, as all_reduce's, under either check_vma. linear_transpose
+    is refused in one line (a quantized sum is not linear). As a value it is static to jit."""
+    ar = O.StaticAllReduce(O.StaticFormat.from_calibration(state, outliers=3), "one_shot")
+    x = planted(0)[:, 1]
+    w = np.random.default_rng(1).standard_normal((T, E)).astype(np.float32)
+
+    def grads(red, check_vma):
+        body = lambda v: jax.grad(lambda u: jnp.sum(w * red(u)))(v[0])[None]  # noqa: E731
+        return np.asarray(jax.jit(jax.shard_map(body, mesh=mesh(), in_specs=P("tp"),
+                                                out_specs=P("tp"), check_vma=check_vma))(x))
+
+    for check_vma in (True, False):
+        want = grads(lambda u: jax.lax.psum(u, "tp"), check_vma)
+        assert np.abs(want).sum() > 0
+        np.testing.assert_array_equal(grads(lambda u: ar(u, "tp", site=1), check_vma), want)
+    with pytest.raises(TypeError, match=r"static int4 .* not linear"):
+        jax.shard_map(lambda v: jax.linear_transpose(lambda u: ar(u, "tp", site=1), v[0])(
+            v[0])[0], mesh=mesh(), in_specs=P("tp"), out_specs=P("tp"), check_vma=False)(x)
+    assert jax.tree.leaves(ar) == []
+    same = jax.jit(lambda a, v: jax.shard_map(lambda u: a(u[0], "tp", site=1)[None],
+                                              mesh=mesh(), in_specs=P("tp"),
+                                              out_specs=P("tp"))(v))(ar, x)
+    np.testing.assert_array_equal(np.asarray(same), run(ar, x, 1)[0])

@@ -78,3 +78,13 @@ def test_cli_sweep_refuses_bad_arguments(capsys):
     assert "int99" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["sweep", "--remedies", "magic"])
+
+
+def test_a_repeated_option_runs_once_and_unknown_data_is_refused_first(capsys):
+    """Values repeated on the command line (`--p 2 2`, `--data gaussian gaussian`) measure
+    each point once; unknown data is refused before the first measurement."""
+    r = sweep.sweep([2, 2], ["ring"], ["int4", "int4"], ["none", "none"],
+                    ["gaussian", "gaussian"], size=256, progress=False)
+    assert len(r["points"]) == 1
+    with pytest.raises(ValueError, match="unknown data 'cats'"):
+        sweep.sweep([2], ["ring"], ["int4"], ["none"], ["cats"], size=256, progress=False)

@@ -50,9 +50,10 @@ def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path,
     out = tmp_path / "train.json"
     assert cli.main(["train", "--variants", "int8 ring", "--steps", "25", "--seeds", "1",
                      "--no-progress", "--json", str(out)]) == 0
-    made = json.loads(out.read_text(encoding="utf-8"))
+    made = json.loads(out.read_text(encoding="utf-8"), parse_constant=pytest.fail)  # no NaN
     assert list(made["variants"]) == ["f32 psum", "int8 ring"]
-    assert "int8 ring" in capsys.readouterr().out
+    assert made["variants"]["int8 ring"]["delta_val_loss_se"] is None  # one seed: no SE
+    assert "± n/a" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:  # refused before any work: 25 steps an evaluation
         cli.main(["train", "--steps", "30", "--seeds", "1"])
     assert bad.value.code == 2
@@ -62,3 +63,17 @@ def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path,
     assert all(r["wire_bytes"] == r["hlo_wire_bytes"] for r in run["variants"].values())
     assert len(hops["steps"]["300"]) == run["config"]["devices"]
     assert data.command("train").startswith("equarx-ref train")
+
+
+def test_hop_steps_are_those_of_the_run(tmp_path, capsys):
+    """#wrong, --hops: with --steps 25 the table said "at": [0, 100, 300] and held step 0 only.
+    The steps are those within the run and its last; a step beyond it is refused up front."""
+    cfg = tr.TrainConfig(steps=25)
+    assert tr.hop_steps(cfg) == [0, 25] and tr.hop_steps(tr.TrainConfig()) == [0, 100, 300]
+    with pytest.raises(ValueError, match=r"within \[0, 25\].*\[100\]"):
+        tr.hop_statistics(cfg, at=(0, 100), devices=DEVICES)
+    out = tmp_path / "hops.json"
+    assert cli.main(["train", "--hops", "--steps", "25", "--json", str(out)]) == 0
+    made = json.loads(out.read_text(encoding="utf-8"))
+    assert made["at"] == [0, 25] and list(made["steps"]) == ["0", "25"]
+    assert "step 25:" in capsys.readouterr().out

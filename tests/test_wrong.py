@@ -182,6 +182,8 @@ BAD_FLAGS = [
     "demo --plot /no/such/dir/x.png", "bench --mib -1", "bench --mib 0", "bench --repeats 0",
     "bench --json /no/such/dir/x.json", "gemma --tp 0", "gemma --tokens -1",
     "gemma --json /no/such/dir/x.json", "gemma --algorithms tree", "nosuchcommand", "",
+    # accepted by the parser's type, but not by the packaged model: refused before it loads
+    "gemma --tp 3", "outliers --tp 3", "outliers --tp 8", "outliers --outliers 641",
 ]
 
 

@@ -13,8 +13,9 @@
 `options.py` holds the argument types and outputs every command shares, `collectives.py`,
 `tpu.py`, `gemma.py` and `train.py` the commands by subject. A command imports what it needs
 only when it runs, so `equarx-ref --help` stays light.
-Exits: 0 done; 1 a failure while running or writing an output (one line); 2 a bad argument
-(one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went away.)
+Exits: 0 done; 1 a failure while running (out of memory) or writing an output (one line); 2 a
+bad argument (one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went
+away.)
 """
 
 from __future__ import annotations
@@ -102,4 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError) as e:  # bad input found by the package: one line
         print(f"{command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a run too large for this machine: one line, not a traceback
+        if not _out_of_memory(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"{command}: error: out of memory ({first}); try smaller sizes", file=sys.stderr)
+        return 1
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, or XLA's RESOURCE_EXHAUSTED (an allocation it could not make)."""
+    text = str(e)
+    return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in text or \
+        "Out of memory" in text
 

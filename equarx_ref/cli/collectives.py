@@ -105,13 +105,12 @@ def add_bench(sub) -> None:
     p.add_argument("--link", metavar="RATE", type=rate, default=None,
                    help="with --hosts, as root: cap each host's link, e.g. 100mbit, 1gbit")
     p.add_argument("--algorithms", nargs="+", choices=[a for a in ALGORITHMS if a != "psum"],
-                   default=list(DEFAULT_ALGORITHMS),
+                   default=None,
                    help=f"with --hosts (default: {' '.join(DEFAULT_ALGORITHMS)})")
-    p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT",
-                   default=list(DEFAULT_FORMATS),
+    p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT", default=None,
                    help=f"with --hosts: {UNQUANTIZED} (unquantized), {', '.join(FORMAT_NAMES)} "
                    f"or a variant such as int4/b16 (default: {' '.join(DEFAULT_FORMATS)})")
-    p.add_argument("--timeout", type=at_least(10), default=TIMEOUT_S,
+    p.add_argument("--timeout", type=at_least(10), default=None,
                    help=f"with --hosts: seconds the whole run may take (default {TIMEOUT_S})")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the results as JSON ('-' for stdout, then the table goes to "
@@ -126,8 +125,12 @@ def add_bench(sub) -> None:
 def cmd_bench(args) -> int:
     if args.hosts is not None:
         return cmd_bench_hosts(args)
-    if args.link or args.plot:
-        raise ValueError("--link and --plot go with --hosts")
+    given = [flag for flag, value in (("--link", args.link), ("--plot", args.plot),
+                                      ("--algorithms", args.algorithms),
+                                      ("--formats", args.formats), ("--timeout", args.timeout))
+             if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --hosts")
     from ..runs.bench import throughput
 
     results = throughput(args.mib or [64], repeats=args.repeats or 5)
@@ -147,6 +150,9 @@ def cmd_bench_hosts(args) -> int:
 
     from ..multihost import launcher
 
+    args.algorithms = args.algorithms or list(launcher.DEFAULT_ALGORITHMS)
+    args.formats = args.formats or list(launcher.DEFAULT_FORMATS)
+    args.timeout = TIMEOUT_S if args.timeout is None else args.timeout
     mib, repeats = args.mib or [m >> 20 for m in launcher.DEFAULT_SIZES], args.repeats or 3
     command = ["equarx-ref", "bench", "--hosts", str(args.hosts),
                *(["--link", args.link] if args.link else []), "--mib", *map(str, mib),
@@ -236,6 +242,7 @@ def cmd_sweep(args) -> int:
     from .. import devices
     from ..runs import sweep
 
+    sweep.configurations(args.p, args.algorithms, args.formats, args.remedies)  # or refused
     devs = devices.setup_devices(max(args.p))
     out = sys.stderr if args.json == "-" else sys.stdout
     command = ["equarx-ref", "sweep", "--p", *map(str, args.p), "--algorithms",
@@ -246,7 +253,7 @@ def cmd_sweep(args) -> int:
                          size=args.size, chip=args.chip, progress=not args.no_progress)
     print(f"{devices.describe_devices(devs)}; {args.size} values per device; "
           f"{len(result['points'])} points in {result['seconds']:.0f} s", file=out)
-    for kind in args.data:
+    for kind in dict.fromkeys(args.data):
         print(f"\n{kind}:", file=out)
         print(table(["p", "algorithm", "format", "remedy", "bits/el", "bytes/value",
                      "rel err", "model", f"{args.chip} speedup", "front"],

@@ -20,6 +20,27 @@ from .options import (
 )
 
 
+def _packaged_model():
+    """The config of the model these commands run (the packaged Gemma 3 270M)."""
+    from ..gemma.config import PRESETS
+
+    return PRESETS["270m"]
+
+
+def tp_size(minimum: int):
+    """An argparse type: a tensor-parallel size the packaged model splits over (checked now,
+    not after its weights load)."""
+    def parse(text: str) -> int:
+        from ..gemma.parallel import tp_size_error
+
+        n = at_least(minimum)(text)
+        why = tp_size_error(_packaged_model(), n)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return n
+    return parse
+
+
 def add_gemma(sub) -> None:
     from ..formats import FORMAT_NAMES, UNQUANTIZED
     from ..gemma.quality import DEFAULT_FORMATS
@@ -32,7 +53,7 @@ def add_gemma(sub) -> None:
                        "with every AllReduce algorithm x wire format and compare each run with "
                        "the exact one: NLL, perplexity, dNLL with its paired standard error, KL, "
                        "top-1 agreement, and the relative error at each AllReduce site.")
-    p.add_argument("--tp", type=at_least(1), default=4,
+    p.add_argument("--tp", type=tp_size(1), default=4,
                    help="tensor-parallel size, a divisor of the 4 query heads (default 4)")
     p.add_argument("--tokens", type=at_least(3), default=None,
                    help="score only the first N tokens, N >= 3 (default: the whole text)")
@@ -52,8 +73,12 @@ def add_gemma(sub) -> None:
 
 
 def cmd_gemma(args) -> int:
+    from ..formats import UNQUANTIZED
     from ..gemma import figures, quality, report
 
+    if all(a == "psum" and f != UNQUANTIZED for a in args.algorithms for f in args.formats):
+        raise ValueError(f"nothing to run: psum runs unquantized only; add {UNQUANTIZED} to "
+                         "--formats or another algorithm to --algorithms")
     result = quality.evaluate_text(None if args.text is None else args.text.read(),
                                    tp=args.tp, max_tokens=args.tokens,
                                    algorithms=args.algorithms, formats=args.formats,
@@ -75,13 +100,22 @@ def add_outliers(sub) -> None:
                        "features in bf16), then score it beside the dynamic formats on the "
                        "evaluation text: dNLL with paired SE, KL, top-1, bits per value and "
                        "bytes on the wire (counted and read from the compiled HLO).")
-    p.add_argument("--tp", type=at_least(2), default=4, help="tensor-parallel size (4)")
+    p.add_argument("--tp", type=tp_size(2), default=4, help="tensor-parallel size (4)")
     p.add_argument("--tokens", type=at_least(3), default=None,
                    help="score only the first N tokens of the evaluation text")
     p.add_argument("--seq", type=at_least(2), default=256,
                    help="calibration sequence length in tokens (256)")
-    p.add_argument("--outliers", type=at_least(0), default=None,
-                   help="bf16 features per site (default E/64)")
+    features = _packaged_model().embed_dim
+
+    def outliers(text: str) -> int:
+        k = at_least(0)(text)
+        if k > features:
+            raise argparse.ArgumentTypeError(f"at most {features} (the model's features), "
+                                             f"got {k}")
+        return k
+
+    p.add_argument("--outliers", type=outliers, default=None,
+                   help=f"bf16 features per site, at most {features} (default E/64)")
     p.add_argument("--calibration", metavar="NPZ", default=None,
                    help="use this saved calibration instead of calibrating")
     p.add_argument("--save-calibration", metavar="NPZ", type=writable, default=None,

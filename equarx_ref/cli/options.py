@@ -40,9 +40,14 @@ def format_name(text: str) -> str:
 
 
 def writable(text: str) -> str:
-    """An argparse type: a file path we can write (checked now, not after minutes of work)."""
+    """An argparse type: a file path we can write (checked now, not after minutes of work). A
+    path that names a directory ("out/", "out/.", an existing one) is refused, whether or not
+    the directory exists: a file cannot be written there."""
     if text == "-":
         return text
+    if not text or text.endswith((os.sep, "/")) or os.path.basename(text) in (".", ".."):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: it names a directory, not a "
+                                         "file")
     parent = os.path.dirname(os.path.abspath(text))
     if os.path.isdir(text) or not os.path.isdir(parent) or not os.access(parent, os.W_OK) or \
             (os.path.exists(text) and not os.access(text, os.W_OK)):
@@ -93,18 +98,35 @@ def save_figure(fig, path: str, out) -> None:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    """Right-aligned columns under `headers` (no rows: the headers alone)."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def strict_json(obj):
+    """`obj` with every non-finite float (NaN, +-inf) as None: JSON (RFC 8259) has no NaN, and
+    Python's `json` would write the bare word `NaN` that other readers refuse."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
 def write_json(path: str, obj) -> None:
+    """`obj` as JSON (non-finite floats as null) to `path`, or to stdout for "-"."""
     import json
 
+    text = json.dumps(strict_json(obj), indent=1, allow_nan=False)
     if path == "-":
-        print(json.dumps(obj, indent=1))
+        print(text)
     else:
-        write(path, json.dumps(obj, indent=1).encode("utf-8"))
+        write(path, text.encode("utf-8"))
 
 
 

@@ -126,6 +126,10 @@ def cmd_kernels(args) -> int:
     if args.compile is not None:  # before anything else starts jax's backends: libtpu's env
         from ..runs import tpu_matrix
 
+        if args.only and set(args.only) == {"none"} and not args.read_back:
+            raise ValueError("nothing to run: --only none compiles no family; add --read-back "
+                             "for the read-back alone")
+
         status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,
             read_back_too=args.read_back, jobs=args.jobs, out=out,

@@ -61,8 +61,6 @@ import dataclasses
 import functools
 import math
 
-import jax.numpy as jnp
-
 from .._checks import count, number, value_dtype
 from ..formats import Format
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
@@ -230,7 +228,8 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     `p` may be a pair (2D torus: a ring along axis 0, then along axis 1, gathers back).
     """
     n = count(n, "n (values)", minimum=0)
-    itemsize = value_dtype(dtype).itemsize
+    dtype = value_dtype(dtype)
+    itemsize = dtype.itemsize
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     total = math.prod(shape)
@@ -352,7 +351,8 @@ def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,
 def crossover_bytes(p, *, fmt: Format, algorithm: str, chip, dtype="bfloat16") -> int:
     """The smallest message (bytes of `dtype`) from which `fmt` beats the unquantized run of the
     same algorithm in the model, each at its best pipeline depth; 0 if it always wins."""
-    itemsize = jnp.dtype(dtype).itemsize
+    dtype = value_dtype(dtype)
+    itemsize = dtype.itemsize
 
     def wins(nbytes):
         n = max(1, nbytes // itemsize)

@@ -60,7 +60,8 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     rounding and rotation do not change the bytes.
     """
     n = count(n, "n (values)", minimum=0)
-    itemsize = value_dtype(dtype).itemsize
+    dtype = value_dtype(dtype)
+    itemsize = dtype.itemsize
     if hop_bits not in HOP_BITS:
         raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
     min_bytes = count(min_bytes, "min_bytes", minimum=0)

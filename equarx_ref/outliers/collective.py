@@ -18,7 +18,10 @@ calls. The model therefore tells it the site: `gemma.forward` calls a collective
 `takes_site` is true as `ar(x, axis_name, site=2 * layer + kind)` with a traced int32, and
 `StaticAllReduce` keeps every site's tables as constants and indexes them by it. It is a frozen
 dataclass that hashes by a digest of its tables, so `forward(all_reduce=...)` compiles once per
-calibration, like `eq.AllReduce`.
+calibration, like `eq.AllReduce` (and, like it, a pytree with no leaves: a static value to jit).
+
+Its derivative is psum's (straight-through, `autodiff.straight_through`), as `all_reduce`'s:
+differentiating through the static grids' rounding would give a silent zero gradient.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 from jax import lax
 
 from .._checks import array, count
+from ..autodiff import straight_through
 from ..collectives import invariant
 from ..schedule import ring_schedule
 from .wire import StaticFormat, Tables, check_algorithm
@@ -146,9 +150,12 @@ def static_all_reduce(x: jax.Array, axis_name: str, fmt: StaticFormat, *, site=N
         raise TypeError(f"site must be an int or an integer scalar array, got {site!r}")
     if x.size == 0 or p == 1:        # nothing to send, so nothing to quantize
         return invariant(x, (axis_name,))
-    return _run(x, jnp.asarray(site, jnp.int32), axis_name, fmt, algorithm)
+    run = straight_through(lambda v, s: _run(v, s, axis_name, fmt, algorithm), axis_name,
+                           "static int4 (static_all_reduce)")
+    return run(x, jnp.asarray(site, jnp.int32))  # its derivative is psum's, as all_reduce's
 
 
+@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class StaticAllReduce:
     """`static_all_reduce` as a frozen, hashable collective `(x, axis_name, site=...)`.

@@ -36,12 +36,12 @@ from jax.sharding import PartitionSpec as P
 
 from ..collectives import AllReduce
 from ..formats import Format, format_label
-from ..models.hops import hop_plan, plan_bits_per_element
+from ..models.hops import MAX_DEVICES, hop_plan, plan_bits_per_element
 from ..models.predict import predicted_relative_error, wire_bytes
 from .progress import progress_bar
 
 __all__ = ["DATA", "DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_P", "REMEDIES", "Point",
-           "make_data", "pareto", "sweep"]
+           "configurations", "make_data", "pareto", "sweep"]
 
 DEFAULT_P = (2, 4, 8, 16)
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
@@ -97,6 +97,29 @@ def _applies(algorithm: str, fmt: Format, remedy: str) -> bool:
     return remedy == "rotate" and algorithm == "ring" and fmt.name == "mxfp4"
 
 
+def configurations(p_values, algorithms, formats, remedies) -> list[tuple]:
+    """The (p, algorithm, Format, remedy) the sweep runs, in order (duplicates once); a mix
+    that leaves nothing to run is refused in one line (ValueError), before any work."""
+    fmts = list(dict.fromkeys(Format.parse(f) for f in formats))
+    for r in remedies:
+        if r not in REMEDIES:
+            raise ValueError(f"unknown remedy {r!r}; choose from {list(REMEDIES)}")
+    configs = [(p, a, f, r) for p in dict.fromkeys(p_values) for a in dict.fromkeys(algorithms)
+               for f in fmts for r in dict.fromkeys(remedies) if _applies(a, f, r)]
+    for _, a, f, r in configs:  # each configuration's own rules (e.g. rotate: 2^k blocks)
+        AllReduce(f, a, min_bytes=0, **REMEDIES[r])
+    big = sorted({p for p, _, _, r in configs if "adaptive" in r and p > MAX_DEVICES})
+    if big:
+        raise ValueError(f"hop-aware bits ('adaptive') plan at most {MAX_DEVICES} devices, "
+                         f"got --p {' '.join(map(str, big))}")
+    if not configs:
+        raise ValueError(f"nothing to run: the remedies {' '.join(remedies)} do not apply to "
+                         f"{' '.join(algorithms)} with {' '.join(map(str, fmts))} (remedies run "
+                         "on ring and two_shot with int8 or int4, rotate also on the ring with "
+                         "mxfp4); add 'none' to --remedies for the plain collectives")
+    return configs
+
+
 @functools.cache
 def _program(p: int, config: AllReduce, n: int):
     from ..devices import make_mesh, setup_devices
@@ -138,12 +161,11 @@ def sweep(p_values=DEFAULT_P, algorithms=DEFAULT_ALGORITHMS, formats=DEFAULT_FOR
         chip: the `cost.CHIPS` key of the modelled speedup; message_bytes: its bf16 message.
         progress: a progress bar on stderr (tqdm if installed, else a counter).
     """
-    fmts = [Format.parse(f) for f in formats]
-    for r in remedies:
-        if r not in REMEDIES:
-            raise ValueError(f"unknown remedy {r!r}; choose from {list(REMEDIES)}")
-    configs = [(p, a, f, r) for p in p_values for a in algorithms for f in fmts
-               for r in remedies if _applies(a, f, r)]
+    configs = configurations(p_values, algorithms, formats, remedies)
+    data = list(dict.fromkeys(data))
+    for kind in data:
+        if kind not in DATA:
+            raise ValueError(f"unknown data {kind!r}; choose one of {DATA}")
     bar = progress_bar(len(configs), progress)
     points, n_model = [], message_bytes // 2
     t0 = time.perf_counter()

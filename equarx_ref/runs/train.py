@@ -48,10 +48,10 @@ from ..gemma.calibtext import CALIB_TEXT  # plain text: the model's own modules 
 from ..gemma.evaltext import EVAL_TEXT
 from .hopstats import hop_table
 
-__all__ = ["BASELINE", "VARIANTS", "TrainConfig", "adam_init", "adam_update",
-           "baseline_gradients", "char_windows", "experiment_data", "gradient_tell",
-           "hop_statistics", "init_params", "loss_fn", "reduce_gradients", "seed_inputs",
-           "summarize", "train"]
+__all__ = ["BASELINE", "HOP_STEPS", "MAX_BATCH_BYTES", "VARIANTS", "TrainConfig", "adam_init",
+           "adam_update", "baseline_gradients", "char_windows", "check_steps",
+           "experiment_data", "gradient_tell", "hop_statistics", "hop_steps", "init_params",
+           "loss_fn", "max_steps", "reduce_gradients", "seed_inputs", "summarize", "train"]
 
 INT4 = Format.int4()
 #: The variants: `all_reduce` keywords ("sr": stochastic rounding with a key per step).
@@ -70,6 +70,10 @@ VARIANTS: dict[str, dict] = {
 }
 BASELINE = "f32 psum"
 AXIS = "dp"
+#: Every step's batch is drawn up front ([steps, batch, context + 2] int32): a run whose batches
+#: exceed this is refused before any work (`max_steps`).
+MAX_BATCH_BYTES = 1 << 30
+HOP_STEPS = (0, 100, 300)  # what `hop_statistics` tabulates, those within the run, and its last
 
 
 # ---- data and model --------------------------------------------------------------------------
@@ -171,6 +175,35 @@ class TrainConfig:
         return dict(vars(self))
 
 
+def max_steps(cfg: TrainConfig) -> int:
+    """The most steps whose batches fit in `MAX_BATCH_BYTES`, a multiple of `eval_every`."""
+    per_step = cfg.batch * (cfg.context + 2) * 4
+    return MAX_BATCH_BYTES // per_step // cfg.eval_every * cfg.eval_every
+
+
+def check_steps(cfg: TrainConfig) -> None:
+    """Refuse, before any work, a step count the run cannot honour (one line, ValueError)."""
+    if cfg.steps < 1 or cfg.steps % cfg.eval_every:
+        raise ValueError(f"steps ({cfg.steps}) must be a positive multiple of eval_every "
+                         f"({cfg.eval_every})")
+    if cfg.steps > max_steps(cfg):
+        raise ValueError(f"steps must be at most {max_steps(cfg)} (every step's batch is drawn "
+                         f"up front, within {MAX_BATCH_BYTES >> 20} MiB), got {cfg.steps}")
+
+
+def hop_steps(cfg: TrainConfig, at=None) -> list[int]:
+    """The steps the hop table holds: `at` (default `HOP_STEPS` within the run, and its last
+    step), each checked to be a multiple of `eval_every` within [0, steps]."""
+    if at is None:
+        return sorted({s for s in HOP_STEPS if s <= cfg.steps} | {cfg.steps})
+    at = sorted(set(at))
+    bad = [s for s in at if type(s) is not int or not 0 <= s <= cfg.steps or s % cfg.eval_every]
+    if bad or not at:
+        raise ValueError(f"at must name steps that are multiples of {cfg.eval_every} within "
+                         f"[0, {cfg.steps}] (the run's steps), got {bad or 'none'}")
+    return at
+
+
 def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
     """jit(shard_map(scan of `eval_every` steps)) for one variant."""
 
@@ -239,11 +272,14 @@ def seed_inputs(cfg: TrainConfig, seed: int, data: dict):
     return params, adam_init(params), ctx, tgt
 
 
-def baseline_gradients(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+def baseline_gradients(config: TrainConfig | None = None, *, at=None, seed: int = 0,
                        devices=None):
     """Yield (step, per-device gradients [p, n] float64) of the f32 baseline's run of seed
-    `seed` just before the steps `at` (multiples of `eval_every`; `steps` is after the last)."""
+    `seed` just before the steps `at` (multiples of `eval_every` within the run, `hop_steps`;
+    `steps` is after the last)."""
     cfg = config or TrainConfig()
+    check_steps(cfg)
+    at = hop_steps(cfg, at)
     devices = list(devices if devices is not None else jax.devices())
     p = len(devices)
     data = experiment_data(cfg)
@@ -272,15 +308,13 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
     its HLO sends (`hlo_wire_bytes`, stored beside `wire_bytes`); a few seconds a variant.
     """
     cfg = config or TrainConfig()
-    names = list(VARIANTS) if variants is None else list(variants)
+    names = list(VARIANTS) if variants is None else list(dict.fromkeys(variants))
     for name in names:
         if name not in VARIANTS:
             raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
     if BASELINE not in names:
         names.insert(0, BASELINE)
-    if cfg.steps % cfg.eval_every:
-        raise ValueError(f"steps ({cfg.steps}) must be a multiple of eval_every "
-                         f"({cfg.eval_every})")
+    check_steps(cfg)
     devices = list(devices if devices is not None else jax.devices())
     p = len(devices)
     if cfg.batch % p:
@@ -342,7 +376,7 @@ def summarize(report: dict) -> dict:
             d = np.array([r[what] - b[what] for r, b in zip(row["runs"], base, strict=True)])
             row[f"delta_{what}"] = float(d.mean())
             row[f"delta_{what}_se"] = float(d.std(ddof=1) / math.sqrt(len(d))) \
-                if len(d) > 1 else float("nan")
+                if len(d) > 1 else None  # one seed: no standard error (JSON null, not NaN)
         for what in ("val_loss", "grad_rel_error", "flushed_share"):
             row[what] = float(np.mean([r[what] for r in row["runs"]]))
     quantized = [v for k, v in report["variants"].items() if k != BASELINE]
@@ -354,13 +388,16 @@ def summarize(report: dict) -> dict:
     return report
 
 
-def hop_statistics(config: TrainConfig | None = None, *, at=(0, 100, 300), seed: int = 0,
+def hop_statistics(config: TrainConfig | None = None, *, at=None, seed: int = 0,
                    fmt: Format | None = None, devices=None) -> dict:
-    """Train the f32 baseline (seed `seed`) and tabulate `hopstats.hop_table` of its
-    per-device gradients at the steps `at`: the partial sums a ring quantizes, hop by hop."""
+    """Train the f32 baseline (seed `seed`) and tabulate `hopstats.hop_table` of its per-device
+    gradients at the steps `at` (`hop_steps`; a step beyond the run is refused): the partial
+    sums a ring quantizes, hop by hop."""
     fmt = fmt or INT4
+    cfg = config or TrainConfig()
+    at = hop_steps(cfg, at)
     devices = list(devices if devices is not None else jax.devices())
     steps = {str(step): hop_table(grads, fmt)
-             for step, grads in baseline_gradients(config, at=at, seed=seed, devices=devices)}
+             for step, grads in baseline_gradients(cfg, at=at, seed=seed, devices=devices)}
     return {"format": str(fmt), "devices": len(devices), "at": list(at), "seed": seed,
             "steps": steps}
