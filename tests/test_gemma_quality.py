@@ -32,7 +32,7 @@ def report(tmp_path_factory):
 
 def test_report_shape(report):
     m = report["meta"]
-    assert (m["tp"], m["tokens"], m["scored"]) == (4, 160, 159)
+    assert (m["tp"], m["tokens"], m["scored"], m["precision"]) == (4, 160, 159, "highest")
     assert [(r["algorithm"], r["format"], r["label"]) for r in report["rows"]] == [
         ("ring", "bf16", "ring bf16"), ("ring", "int8", "ring int8"), ("ring", "int4", "ring int4")]
     for r in report["rows"]:
