@@ -389,3 +389,15 @@ def test_quality_report_records_its_precision(small):
         assert f"matmuls at {name} precision" in format_table(report).splitlines()[0]
     with pytest.raises(ValueError, match="precision must be"):
         evaluate(params, SMALL, tokens[0, :8], mesh_of(2), progress=False, precision="fp8")
+
+
+def test_psum_label_names_the_mesh_devices_not_the_default_backend(small, monkeypatch):
+    # On a one-GPU machine the default backend is "gpu" while the mesh is CPU devices, whose
+    # psum sums bf16 in f32: the row must say so.
+    from equarx_ref.gemma.quality import evaluate
+
+    params, tokens, _ = small
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    report = evaluate(params, SMALL, tokens[0, :8], mesh_of(2), algorithms=("psum",),
+                      formats=("bf16",), progress=False)
+    assert [r["label"] for r in report["rows"]] == ["psum bf16 (CPU: f32)"]

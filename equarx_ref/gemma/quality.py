@@ -81,19 +81,21 @@ def collective(algorithm: str, fmt: Format | str | None) -> AllReduce | Bf16AllR
     return Bf16AllReduce(algorithm) if fmt is None else AllReduce(fmt=fmt, algorithm=algorithm)
 
 
-def _label(ar) -> str:
-    cpu = ar.algorithm == "psum" and jax.default_backend() == "cpu"
-    return f"{ar}{' (CPU: f32)' if cpu else ''}"               # XLA:CPU sums bf16 in f32
+def _label(ar, mesh) -> str:
+    """The row's name; a psum on CPU devices (the mesh's, whatever the default backend) is
+    labelled "CPU: f32": XLA:CPU sums bf16 in f32."""
+    cpu = ar.algorithm == "psum" and mesh.devices.flat[0].platform == "cpu"
+    return f"{ar}{' (CPU: f32)' if cpu else ''}"
 
 
-def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
+def _row(ar, mesh, nll, top1, kl, nll_e, top1_e, err) -> dict:
     d = nll.astype(np.float64) - nll_e                          # paired, per token
     se = float(d.std(ddof=1) / math.sqrt(d.size))
     dnll = float(d.mean())
     fmt = format_label(ar.fmt) if ar.fmt is None or isinstance(ar.fmt, Format) else str(ar.fmt)
     return {
         "algorithm": ar.algorithm, "format": fmt,
-        "label": _label(ar),
+        "label": _label(ar, mesh),
         "mean_nll": float(nll.mean()), "ppl": float(math.exp(nll.mean())),
         "dnll": dnll, "dnll_se": se, "within_noise": bool(abs(dnll) < 2 * se),
         "kl_mean": float(kl.mean()), "kl_se": float(kl.std(ddof=1) / math.sqrt(kl.size)),
@@ -155,13 +157,13 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
     bar.update()
     rows = []
     for ar in runs:
-        bar.set_description(_label(ar))
+        bar.set_description(_label(ar, mesh))
         logits = forward(placed, ids, config, mesh=mesh, all_reduce=ar, precision=precision)
         nll, top1, kl = (np.asarray(a) for a in sharded_scores(logits, ids_dev, logp_e, mesh,
                                                                 True))
         del logits
         err = {k: np.asarray(site_errors(v, mesh, ar, _KIND[k])) for k, v in parts.items()}
-        rows.append(_row(ar, nll, top1, kl, nll_e, top1_e, err))
+        rows.append(_row(ar, mesh, nll, top1, kl, nll_e, top1_e, err))
         bar.update()
     bar.close()
     return {"meta": {"model": f"Gemma 3 {config.name}", "tokens": int(ids.shape[1]),
