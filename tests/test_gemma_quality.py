@@ -106,6 +106,7 @@ def test_collectives_of_the_report():
     (["--tokens", "-1"], "expected an integer >= 3, got '-1'"),
     (["--formats", "int1"], "int1"),
     (["--algorithms", "tree"], "invalid choice"),
+    (["--precision", "tf32"], "invalid choice"),
 ])
 def test_cli_bad_flags_exit_with_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
