@@ -12,8 +12,9 @@ In the order they are checked: the algorithm with its format and pipeline depth
 remedies (`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt,
 and a rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
 over one mesh axis, round to nearest, no remedies); the pytree arguments
-(`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map` (or `vmap`, `pmap`), or a pair of
-distinct ones; a key must be one typed key or one raw uint32 key.
+(`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map`
+(or `vmap`, `pmap`), or a pair of distinct ones; a key must be one typed key or one raw uint32
+key.
 """
 
 from __future__ import annotations
