@@ -87,6 +87,7 @@ from .execute import run_schedule, typed_all_gather
 from .formats import Format
 from .models.cost import default_min_bytes
 from .models.hops import HOP_BITS, hop_plan
+from .models.predict import quantizing_saves_bytes
 from .rules import IMPLS, check_axes, check_config, check_key
 from .schedule import ALGORITHMS
 
@@ -109,7 +110,7 @@ def invariant(x: jax.Array, axes) -> jax.Array:
 
 
 def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B008
-               algorithm: str = "ring", num_chunks: int = 1, min_bytes: int | None = None,
+               algorithm: str = "ring", num_chunks: int = 1, min_bytes: int | str | None = None,
                key: jax.Array | None = None, rotate: bool = False,
                hop_bits: str = "uniform", impl: str = "xla", backward: str = "psum",
                bucket_bytes: int | None = None, dtype=None):
@@ -125,12 +126,15 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             dtype as is.
         algorithm: "ring", "bidir_ring", "two_shot", "one_shot", or "psum" (lax.psum, fmt=None).
         num_chunks: pipeline depth for the ring family; the result does not depend on it.
-        min_bytes: the size gate: a message of fewer bytes (the buffer's nbytes) runs
-            unquantized, as XLA's quantized AllReduce and vLLM's QuickReduce do below their
-            thresholds. None (default): the time model's crossover on a TPU
-            (`cost.default_min_bytes`), 0 on CPU devices, so on CPU every message is quantized; the
-            devices are the mesh's (those the collective runs on), not the default
-            backend's. 0: never gate.
+        min_bytes: the size gate, which sends some messages unquantized, as XLA's quantized
+            AllReduce and vLLM's QuickReduce do below their thresholds. None (default): quantize
+            only when that sends fewer bytes than the unquantized message would (short
+            messages padded to whole blocks can cost more; `predict.quantizing_saves_bytes`):
+            a rule of the message alone, so the same call gives the same bits on every backend.
+            An int: a message of fewer bytes (the buffer's nbytes) goes unquantized; 0: never
+            gate. "auto": the chip's time-model crossover (`cost.default_min_bytes`) for the
+            devices of the mesh (those the collective runs on, not the default backend's), 0
+            on CPU devices; it reads the chip, so its bits depend on where it runs.
         key: a PRNG key: stochastic rounding on every quantization, independent per hop,
             pipeline piece and device (`fold_in`), and per bucket; unbiased. None: round to
             nearest, even.
@@ -199,11 +203,9 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         return lax.psum(x, axes if len(axes) > 1 else axes[0])
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return invariant(x, axes)
-    if fmt is not None:
-        gate = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
-                                 device_kind=mesh_device_kind()) \
-            if min_bytes is None else min_bytes
-        fmt = None if x.nbytes < gate else fmt
+    if fmt is not None and not _quantize(x, shape, fmt, algorithm, num_chunks, min_bytes,
+                                         hop_bits):
+        fmt = None
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
         key, rotate, hop_bits = None, False, "uniform"
     plan = None if hop_bits == "uniform" else hop_plan(
@@ -214,6 +216,18 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
     return run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
                 _mesh_axes(axes))
+
+
+def _quantize(x, shape, fmt, algorithm, num_chunks, min_bytes, hop_bits) -> bool:
+    """The size gate (`all_reduce`'s `min_bytes`): does this message go quantized?"""
+    if min_bytes is None:  # the default: the message alone decides, never the chip
+        return quantizing_saves_bytes(x.size, shape if len(shape) > 1 else shape[0], fmt=fmt,
+                                      algorithm=algorithm, dtype=x.dtype, num_chunks=num_chunks,
+                                      hop_bits=hop_bits)
+    if min_bytes == "auto":  # opt-in: the time model of the chip the mesh runs on
+        min_bytes = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
+                                      device_kind=mesh_device_kind())
+    return x.nbytes >= min_bytes
 
 
 @jax.tree_util.register_static
@@ -236,7 +250,7 @@ class AllReduce:
     fmt: Format | None = Format.int8()  # noqa: RUF009 (a frozen, hashable default)
     algorithm: str = "ring"
     num_chunks: int = 1
-    min_bytes: int | None = None
+    min_bytes: int | str | None = None
     stochastic_seed: int | None = None
     rotate: bool = False
     hop_bits: str = "uniform"

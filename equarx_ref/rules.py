@@ -8,12 +8,13 @@ even where fmt=None or "psum" ignores it, so a typo never waits for the configur
 would read it.
 
 In the order they are checked: the algorithm with its format and pipeline depth
-(`schedule.check_algorithm`); the size gate `min_bytes`, a count >= 0; the remedies (`key`,
-`rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt, and a rotation a
-power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family over one mesh
-axis, round to nearest, no remedies); the pytree arguments (`autodiff.check_tree_args`). The
-axis name must name one axis of the enclosing `shard_map` (or `vmap`, `pmap`), or a pair of
-distinct ones; a key must be one typed key or one raw uint32 key.
+(`schedule.check_algorithm`); the size gate `min_bytes` (None, "auto" or a count >= 0); the
+remedies (`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt,
+and a rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
+over one mesh axis, round to nearest, no remedies); the pytree arguments
+(`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map`
+(or `vmap`, `pmap`), or a pair of distinct ones; a key must be one typed key or one raw uint32
+key.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def check_key(key) -> None:
                         f"or None, got {key!r}")
 
 
+def check_min_bytes(min_bytes) -> None:
+    """The size gate: None (bytes saved, the default), "auto" (the chip's crossover) or a count
+    of bytes >= 0."""
+    if min_bytes is None or (isinstance(min_bytes, str) and min_bytes == "auto"):
+        return
+    if isinstance(min_bytes, str):
+        raise ValueError(f"min_bytes must be None (quantize when that sends fewer bytes), "
+                         f"'auto' (the chip's crossover) or a byte count >= 0, got {min_bytes!r}")
+    count(min_bytes, "min_bytes", minimum=0)
+
+
 def check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bool,
                  rotate: bool, hop_bits: str, impl: str, backward: str, bucket_bytes, dtype,
                  shape=(1,), axes=("",)):
@@ -70,8 +82,7 @@ def check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bo
     by name, whatever the others are (`min_bytes` even when fmt=None or "psum" ignores it).
     Returns the buffer dtype (None: the leaves')."""
     check_algorithm(algorithm, fmt, shape, num_chunks)
-    if min_bytes is not None:
-        count(min_bytes, "min_bytes", minimum=0)
+    check_min_bytes(min_bytes)
     _check_remedies(fmt, stochastic, rotate, hop_bits)
     _check_impl(impl, algorithm, axes, remedies=stochastic or rotate or hop_bits != "uniform")
     return check_tree_args(backward, bucket_bytes, dtype)

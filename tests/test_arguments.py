@@ -269,13 +269,13 @@ RECORDS = {"Quantized", "Schedule", "Step", "Transfer", "kernels.RingPlan",
 ARGUMENTS = {
     **{("all_reduce", a): c for a, c in [
         ("x", "float array"), ("axis_name", "axis name"), ("fmt", "format or None"),
-        ("algorithm", "algorithm"), ("num_chunks", "count"), ("min_bytes", "size or None"),
+        ("algorithm", "algorithm"), ("num_chunks", "count"), ("min_bytes", "size gate"),
         ("key", "key or None"), ("rotate", "bool"), ("hop_bits", "hop bits"),
         ("impl", "impl"), ("backward", "backward"), ("bucket_bytes", "count or None"),
         ("dtype", "float dtype or None")]},
     **{("AllReduce", a): c for a, c in [
         ("fmt", "format or None"), ("algorithm", "algorithm"), ("num_chunks", "count"),
-        ("min_bytes", "size or None"), ("stochastic_seed", "seed or None"), ("rotate", "bool"),
+        ("min_bytes", "size gate"), ("stochastic_seed", "seed or None"), ("rotate", "bool"),
         ("hop_bits", "hop bits"), ("impl", "impl"), ("backward", "backward"),
         ("bucket_bytes", "count or None"), ("dtype", "float dtype or None")]},
     ("quantize", "x"): "float array", ("quantize", "fmt"): "format",
@@ -293,7 +293,7 @@ ARGUMENTS = {
     **{(f, a): c for f in ["wire_bytes", "predicted_time", "best_num_chunks"]
        for a, c in [("n", "size"), ("p", "devices"), ("fmt", "format or None"),
                     ("algorithm", "algorithm"), ("dtype", "value dtype")]},
-    ("wire_bytes", "num_chunks"): "count", ("wire_bytes", "min_bytes"): "size",
+    ("wire_bytes", "num_chunks"): "count", ("wire_bytes", "min_bytes"): "size or None",
     ("wire_bytes", "hop_bits"): "hop bits",
     ("predicted_time", "num_chunks"): "count", ("predicted_time", "chip"): "chip",
     ("best_num_chunks", "chip"): "chip", ("best_num_chunks", "max_chunks"): "count",
@@ -399,6 +399,7 @@ ARGUMENTS = {
     **{(f"gemma.{f}", "config"): "gemma config" for f in ["forward", "shard_params"]},
     ("gemma.forward", "tokens"): "tokens", ("gemma.forward", "mesh"): "mesh or None",
     ("gemma.forward", "all_reduce"): "collective or None",
+    ("gemma.forward", "precision"): "matmul precision",
     ("gemma.shard_params", "mesh"): "mesh",
     ("gemma.load_gguf", "path"): "gguf path", ("gemma.Tokenizer.from_gguf", "path"): "gguf path",
     ("gemma.load_gguf", "cache"): "bool", ("gemma.load_gguf", "progress"): "bool",
@@ -419,6 +420,8 @@ CLASSES = {
     "count or None": _COUNT[:-1],
     "size": _SIZE,
     "size or None": _SIZE[:-1],
+    "matmul precision": ["fast", "tf32", "", None, 3, b"highest"],
+    "size gate": [*_SIZE[:-1], "Auto", "fast", "", b"auto"],   # None, "auto" or a size
     "sample count": [1023, *_COUNT],
     "seed": [-1, 2.5, "0", True, None],
     "seed or None": [-1, 2.5, "0", True, 2**64],  # a seed jax.random.key cannot take
@@ -588,6 +591,7 @@ GOOD = [
     ("Format.int8", "scale_dtype", jnp.float32), ("Format.int8", "block_size", np.int64(16)),
     ("all_reduce", "key", jax.random.key(0)), ("all_reduce", "key", jax.random.PRNGKey(0)),
     ("all_reduce", "axis_name", ["tp"]), ("all_reduce", "min_bytes", 1 << 30),
+    ("all_reduce", "min_bytes", "auto"), ("AllReduce", "min_bytes", "auto"),
     ("all_reduce", "x", X.astype(jnp.bfloat16)),
     ("wire_bytes", "dtype", jnp.float32), ("wire_bytes", "p", (2, 2)),
     ("predicted_time", "chip", eq.CHIPS["v6e"]), ("predicted_time", "dtype", np.float16),

@@ -208,7 +208,7 @@ def test_vmap_and_pmap_axes_work_like_psum():
                                                                        algorithm=algorithm)
     g = jax.vmap(jax.grad(lambda r: jnp.sum(W * eq.all_reduce(r, "b"))), axis_name="b")(x)
     np.testing.assert_array_equal(np.asarray(g), np.tile(np.asarray(W) * 4, (4, 1)))
-    pm = jax.pmap(lambda r: eq.all_reduce(r, "b", fmt=None), axis_name="b")(X)
+    pm = jax.pmap(lambda r: eq.all_reduce(r, "b", fmt=None), axis_name="b", devices=DEVICES)(X)
     np.testing.assert_allclose(np.asarray(pm), np.tile(np.asarray(X.sum(0)), (8, 1)), rtol=1e-5,
                                atol=1e-5)
     with pytest.raises(ValueError, match="unknown mesh axis 'c'"):

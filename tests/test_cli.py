@@ -73,3 +73,46 @@ def test_draw_schedule():
     assert sum("all-gather" in s for s in labels) == 4
     ax = draw_schedule(eq.bidir_ring_schedule(3))
     assert "c2 → 1\nc4 → 2" in [t.get_text() for t in ax.texts]  # two directions at once
+
+
+_NO_METADATA = """
+import sys
+from importlib import metadata
+
+def missing(name):
+    raise metadata.PackageNotFoundError(name)
+
+metadata.version = missing
+from equarx_ref import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_cli_runs_from_a_source_tree_without_package_metadata():
+    """From a checkout on PYTHONPATH (nothing installed) the CLI must run: the version comes
+    from pyproject.toml, and no command needs the installed metadata."""
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(cli.__file__).resolve().parents[2]
+    want = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    run = [sys.executable, "-c", _NO_METADATA]
+    got = subprocess.run([*run, "--version"], capture_output=True, text=True, env=env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == f"equarx-ref {want} (source tree)"
+    got = subprocess.run([*run, "demo", "--help"], capture_output=True, text=True, env=env)
+    assert got.returncode == 0 and "--size" in got.stdout, got.stderr
+
+
+def test_version_prefers_the_installed_metadata(monkeypatch):
+    monkeypatch.setattr(cli.metadata, "version", lambda name: "9.9.9")
+    assert cli.version() == "9.9.9"
+
+    def missing(name):
+        raise cli.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli.metadata, "version", missing)
+    assert cli.version().endswith("(source tree)")

@@ -27,12 +27,14 @@ def _mesh(shape):
 
 @functools.cache
 def _compiled(shape, algorithm, fmt, num_chunks, x_shape, dtype, every_device=False):
-    """jit(shard_map(all_reduce)) for inputs [p, *x_shape]; every_device: one row per device."""
+    """jit(shard_map(all_reduce)) for inputs [p, *x_shape]; every_device: one row per device.
+    No size gate (min_bytes=0): the reference quantizes every message, short ones included."""
     mesh = _mesh(shape)
     axis = mesh.axis_names if len(shape) == 2 else mesh.axis_names[0]
 
     def body(x):
-        y = eq.all_reduce(x[0], axis, fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
+        y = eq.all_reduce(x[0], axis, fmt=fmt, algorithm=algorithm, num_chunks=num_chunks,
+                          min_bytes=0)
         return y[None] if every_device else y
 
     out = P(axis) if every_device else P()
@@ -407,31 +409,97 @@ def test_an_all_reduce_object_is_a_static_value_as_an_ordinary_jit_argument():
     assert len(traces) == 1 and traces[0] == config
 
 
-def test_size_gate_reads_the_mesh_devices(monkeypatch):
-    """The default size gate comes from the devices the collective runs on. A TPU runtime
-    with one chip (free Colab) runs the ring on simulated CPU devices: the default backend
-    says TPU, the mesh says CPU, and every message must still be quantized."""
-    real = jax.devices
+def _gated_run(x, monkeypatch, device_kind, **kw):
+    """all_reduce over DEVICES[:p] (a fresh trace) with the chip lookup answering
+    `device_kind`, as on that platform: (result, wire bytes read from the compiled HLO)."""
+    from equarx_ref import collectives
+
+    monkeypatch.setattr(collectives, "mesh_device_kind", lambda: device_kind)
+    mesh = _mesh((x.shape[0],))
+    f = jax.jit(jax.shard_map(lambda v: eq.all_reduce(v[0], "tp", **kw)[None], mesh=mesh,
+                              in_specs=P("tp"), out_specs=P("tp")))
+    compiled = f.lower(x).compile()
+    return np.asarray(compiled(x)), sum(eq.hlo_wire_bytes(compiled.as_text(), x.shape[0])
+                                        .values())
+
+
+@pytest.mark.parametrize("n,quantized", [(256, True), (4, False)])
+def test_default_size_gate_reads_the_message_never_the_chip(monkeypatch, n, quantized):
+    """min_bytes=None: quantize only when that sends fewer bytes, whatever the platform. The
+    issue's case: an int8 ring of 256 bf16 values per device on 8 devices sends 476 bytes
+    quantized, 896 as bf16: quantized on CPU and on a v5e alike (the chip's crossover would
+    send bf16 there). 4 values per device pad to a whole int8 block: more bytes, so bf16."""
+    p = 8
+    x = jax.random.normal(jax.random.key(3), (p, n)).astype(jnp.bfloat16)
+    fmt = eq.Format.int8()
+    sent = {f: eq.wire_bytes(n, p, fmt=f, algorithm="ring", dtype="bfloat16", min_bytes=0)
+            for f in (fmt, None)}
+    assert (sent[fmt] < sent[None]) == quantized
+    if n == 256:
+        assert (sent[fmt], sent[None]) == (476, 896)
+    from equarx_ref.models.predict import quantizing_saves_bytes
+
+    assert quantizing_saves_bytes(n, p, fmt=fmt, algorithm="ring", dtype="bfloat16") \
+        == quantized
+    assert eq.wire_bytes(n, p, fmt=fmt, algorithm="ring", dtype="bfloat16") == \
+        sent[fmt if quantized else None]
+    runs = {kind: _gated_run(x, monkeypatch, kind, fmt=fmt) for kind in ("cpu", "TPU v5 lite")}
+    want, want_bytes = _gated_run(x, monkeypatch, "cpu", fmt=fmt if quantized else None,
+                                  min_bytes=0)
+    for kind, (got, hlo_bytes) in runs.items():
+        assert np.array_equal(got, want), kind                       # the same bits
+        assert hlo_bytes == want_bytes == sent[fmt if quantized else None], kind
+
+
+def test_auto_size_gate_reads_the_mesh_devices(monkeypatch):
+    """min_bytes="auto" (opt-in) takes the chip's time-model crossover for the devices the
+    collective runs on: a v5e sends this message in bf16, CPU devices quantize it."""
+    p, n = 8, 256
+    fmt = eq.Format.int8()
+    x = jax.random.normal(jax.random.key(3), (p, n)).astype(jnp.bfloat16)
+    assert _cost_module().default_min_bytes(p, fmt=fmt, algorithm="ring",
+                                              device_kind="TPU v5 lite") > 2 * n
+    quantized, q_bytes = _gated_run(x, monkeypatch, "cpu", fmt=fmt, min_bytes=0)
+    raw, raw_bytes = _gated_run(x, monkeypatch, "cpu", fmt=None)
+    assert not np.array_equal(quantized, raw) and (q_bytes, raw_bytes) == (476, 896)
+    on_cpu, cpu_bytes = _gated_run(x, monkeypatch, "cpu", fmt=fmt, min_bytes="auto")
+    on_v5e, v5e_bytes = _gated_run(x, monkeypatch, "TPU v5 lite", fmt=fmt, min_bytes="auto")
+    assert np.array_equal(on_cpu, quantized) and cpu_bytes == 476
+    assert np.array_equal(on_v5e, raw) and v5e_bytes == 896
+
+
+def test_auto_size_gate_reads_the_mesh_not_the_default_backend(monkeypatch):
+    """A TPU runtime with one chip (free Colab) runs the ring on simulated CPU devices: the
+    default backend says TPU, the mesh says CPU, and "auto" must not gate as on a TPU."""
+    from equarx_ref.devices import mesh_device_kind
 
     class Chip:  # the default backend's first device, as a TPU runtime reports it
         device_kind, platform = "TPU v5 lite", "tpu"
 
+    real = jax.devices
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else [Chip()])
-    assert _cost_module().default_min_bytes(2, fmt=eq.Format.int8(), algorithm="ring",
-                                              device_kind="TPU v5 lite") > 32 * 4  # gates it
-    mesh = jax.make_mesh((2,), ("x",), devices=real()[:2])
-    x = jax.device_put(jax.random.normal(jax.random.key(1), (2, 32)),
-                       jax.sharding.NamedSharding(mesh, P("x")))
+    kinds = []
 
-    def run(**kw):
-        f = jax.shard_map(lambda v: eq.all_reduce(v[0], "x", **kw)[None], mesh=mesh,
-                          in_specs=P("x"), out_specs=P("x"))
-        return np.asarray(jax.jit(f)(x))
+    def body(v):
+        kinds.append(mesh_device_kind())
+        return eq.all_reduce(v[0], "tp", min_bytes="auto")[None]
 
-    quantized, raw = run(min_bytes=0), run(fmt=None)
-    assert not np.array_equal(quantized, raw)
-    assert np.array_equal(run(), quantized)  # gated by the mesh's CPU devices: not at all
+    x = jax.random.normal(jax.random.key(1), (2, 32))
+    jax.jit(jax.shard_map(body, mesh=_mesh((2,)), in_specs=P("tp"), out_specs=P("tp")))(x)
+    assert kinds == [DEVICES[0].device_kind]
+
+
+def test_bad_size_gate_is_refused_in_one_line():
+    for bad, err in (("Auto", ValueError), ("fast", ValueError), (-1, ValueError),
+                     (2.5, TypeError)):
+        with pytest.raises(err, match=r"^min_bytes must be") as e:
+            eq.AllReduce(min_bytes=bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"'auto' .*chip's crossover"):
+        eq.AllReduce(min_bytes="AUTO")
+    with pytest.raises(ValueError, match="wire_bytes cannot read a chip"):
+        eq.wire_bytes(256, 8, fmt=eq.Format.int8(), algorithm="ring", min_bytes="auto")
 
 
 def _cost_module():

@@ -238,9 +238,10 @@ def test_size_gate_at_the_edge():
     exact, exact_bytes = run(None, 0)
     at, at_bytes = run(INT8, 4 * n)  # x.nbytes == min_bytes: quantized
     above, above_bytes = run(INT8, 4 * n + 1)  # gated: unquantized, bitwise
-    default, _ = run(INT8, None)  # CPU devices: no gate
+    default, _ = run(INT8, None)  # the default: int8 sends fewer bytes, so quantized
+    auto, _ = run(INT8, "auto")   # the chip's crossover: 0 on CPU devices, so quantized
     assert not np.array_equal(at, exact) and np.array_equal(above, exact)
-    assert np.array_equal(default, at)
+    assert np.array_equal(default, at) and np.array_equal(auto, at)
     assert at_bytes == eq.wire_bytes(n, 4, fmt=INT8, algorithm="ring", dtype="float32",
                                      min_bytes=4 * n)
     assert above_bytes == exact_bytes == eq.wire_bytes(

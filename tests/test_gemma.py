@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -327,3 +328,76 @@ def test_equal_all_reduce_compiles_once(small):
     for _ in range(2):
         run(functools.partial(eq.all_reduce, fmt=eq.Format.int8(), algorithm="one_shot"))
     assert compiled() == before + 2
+
+
+# --- matmul precision: pinned, so the model is the same on every backend --------------------
+def _dot_precisions(jaxpr) -> list:
+    """The `precision` of every dot_general in `jaxpr`, sub-jaxprs (jit, scan, shard_map)
+    included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _dot_precisions(sub)
+    return found
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_every_matmul_runs_at_highest_precision_by_default(small, p):
+    # Emulates a GPU or TPU, whose default f32 matmul is TF32 or one bf16 pass: with the
+    # process default lowered to bf16, every dot_general of forward must still say HIGHEST.
+    params, tokens, _ = small
+    mesh = None if p == 1 else mesh_of(p)
+    highest = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+    with jax.default_matmul_precision("bfloat16"):
+        jaxpr = jax.make_jaxpr(lambda w, t: forward(w, t, SMALL, mesh=mesh))(params, tokens)
+        precisions = _dot_precisions(jaxpr.jaxpr)
+        assert len(precisions) == 10, precisions             # 9 in the block, 1 for the logits
+        assert set(precisions) == {highest}, precisions
+        fast = jax.make_jaxpr(lambda w, t: forward(w, t, SMALL, mesh=mesh,
+                                                   precision="default"))(params, tokens)
+        assert highest not in set(_dot_precisions(fast.jaxpr))
+    hlo = jax.jit(lambda w, t: forward(w, t, SMALL, mesh=mesh)).lower(params, tokens).as_text()
+    dots = [ln for ln in hlo.splitlines() if "dot_general" in ln]
+    assert dots and all("HIGHEST" in ln for ln in dots), "\n".join(dots)
+
+
+def test_precision_argument(small):
+    params, tokens, logits = small
+    for name in ("highest", "HIGHEST", lax.Precision.HIGHEST):
+        np.testing.assert_array_equal(np.asarray(forward(params, tokens, SMALL,
+                                                         precision=name)), logits)
+    for bad in ("fast", 3, None, "tf32"):
+        with pytest.raises(ValueError, match=r"^precision must be a jax.lax.Precision or one "
+                                             r"of \('highest', 'high', 'default'\), got"):
+            forward(params, tokens, SMALL, precision=bad)
+    with pytest.raises(ValueError, match="precision must be"):
+        gemma.parallel.forward_with_partials(params, tokens, SMALL, mesh=mesh_of(2),
+                                             precision="fast")
+
+
+def test_quality_report_records_its_precision(small):
+    from equarx_ref.gemma.quality import evaluate
+    from equarx_ref.gemma.report import format_table
+
+    params, tokens, _ = small
+    for precision, name in ((lax.Precision.HIGHEST, "highest"), ("default", "default")):
+        report = evaluate(params, SMALL, tokens[0, :8], mesh_of(2), algorithms=("ring",),
+                          formats=("int8",), progress=False, precision=precision)
+        assert report["meta"]["precision"] == name
+        assert f"matmuls at {name} precision" in format_table(report).splitlines()[0]
+    with pytest.raises(ValueError, match="precision must be"):
+        evaluate(params, SMALL, tokens[0, :8], mesh_of(2), progress=False, precision="fp8")
+
+
+def test_psum_label_names_the_mesh_devices_not_the_default_backend(small, monkeypatch):
+    # On a one-GPU machine the default backend is "gpu" while the mesh is CPU devices, whose
+    # psum sums bf16 in f32: the row must say so.
+    from equarx_ref.gemma.quality import evaluate
+
+    params, tokens, _ = small
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    report = evaluate(params, SMALL, tokens[0, :8], mesh_of(2), algorithms=("psum",),
+                      formats=("bf16",), progress=False)
+    assert [r["label"] for r in report["rows"]] == ["psum bf16 (CPU: f32)"]

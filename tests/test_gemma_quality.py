@@ -32,7 +32,7 @@ def report(tmp_path_factory):
 
 def test_report_shape(report):
     m = report["meta"]
-    assert (m["tp"], m["tokens"], m["scored"]) == (4, 160, 159)
+    assert (m["tp"], m["tokens"], m["scored"], m["precision"]) == (4, 160, 159, "highest")
     assert [(r["algorithm"], r["format"], r["label"]) for r in report["rows"]] == [
         ("ring", "bf16", "ring bf16"), ("ring", "int8", "ring int8"), ("ring", "int4", "ring int4")]
     for r in report["rows"]:
@@ -106,6 +106,7 @@ def test_collectives_of_the_report():
     (["--tokens", "-1"], "expected an integer >= 3, got '-1'"),
     (["--formats", "int1"], "int1"),
     (["--algorithms", "tree"], "invalid choice"),
+    (["--precision", "tf32"], "invalid choice"),
 ])
 def test_cli_bad_flags_exit_with_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as e:

@@ -267,7 +267,7 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else real()[:1])
-    assert kernels.on_tpu() and len(jax.devices()) == 1
+    assert kernels.on_tpu() and len(jax.devices()) == 1  # default backend on purpose
     result = kernel_checks.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
     assert result.bitwise and result.races == 0, result
     x = np.array(jax.random.normal(jax.random.key(5), (2, 64)))

@@ -26,7 +26,9 @@ import importlib
 import io
 import os
 import sys
+import tomllib
 from importlib import metadata
+from pathlib import Path
 
 from .options import OutputError
 
@@ -58,11 +60,28 @@ def command_module(name: str):
     return importlib.import_module(f".{COMMANDS[name][1]}", __name__)
 
 
+def version() -> str:
+    """The package's version: its installed metadata, or, run from a source tree (the checkout
+    on PYTHONPATH, nothing installed), the `version` of the checkout's pyproject.toml."""
+    try:
+        return metadata.version("equarx-ref")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f)["project"]
+        if project["name"] == "equarx-ref":
+            return f"{project['version']} (source tree)"
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        pass
+    return "unknown (not installed, no pyproject.toml beside the package)"
+
+
 def _parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="equarx-ref", description=__doc__.split("\n\n(")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {metadata.version('equarx-ref')}")
+                        version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (help_, _) in COMMANDS.items():

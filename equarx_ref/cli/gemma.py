@@ -68,6 +68,10 @@ def add_gemma(sub) -> None:
                    help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
     p.add_argument("--plot", metavar="PATH", type=figure_path, default=None,
                    help="save a figure (png, svg, pdf)")
+    p.add_argument("--precision", choices=("highest", "high", "default"), default="highest",
+                   help="matmul precision of every run (default highest: full float32 on every "
+                   "backend; 'default' lets a GPU use TF32, a TPU bf16 passes: faster, and the "
+                   "numbers then depend on the chip); the report records it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_gemma)
 
@@ -82,7 +86,8 @@ def cmd_gemma(args) -> int:
     result = quality.evaluate_text(None if args.text is None else args.text.read(),
                                    tp=args.tp, max_tokens=args.tokens,
                                    algorithms=args.algorithms, formats=args.formats,
-                                   progress=not args.no_progress)  # ValueError: one line (main)
+                                   progress=not args.no_progress,
+                                   precision=args.precision)  # ValueError: one line (main)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(report.format_table(result), file=out)
     if args.json:

@@ -21,10 +21,18 @@ scale); a sliding window on local layers (query `i` sees keys `i - window < j <=
 scaled by `query_pre_attn_scalar ** -0.5`; no soft-capping. All activations are float32, and the
 layers run under `lax.scan` over weights stacked on a leading layer axis, so one compiled block
 serves all `L` layers.
+
+Every matmul states its precision. Left to the backend, an f32 matmul is not an f32 matmul:
+GPUs run it in TF32 (10 mantissa bits), TPUs in one bf16 pass, XLA:CPU in full f32, so the same
+logits differed by up to 7.7e-3 between an H100 and a CPU. By default every `einsum` here runs
+at `lax.Precision.HIGHEST` (full f32 on every backend: the same model everywhere, and "matches
+Hugging Face" holds on each); `precision="default"` (or "high") hands the choice back to the
+backend for speed, and the logits then depend on the chip.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -33,12 +41,27 @@ from jax import lax
 
 from .config import Gemma3Config
 
-__all__ = ["SITES_PER_LAYER", "apply_rope", "attention", "decoder", "mlp", "rms_norm",
-           "rope_tables"]
+__all__ = ["PRECISIONS", "SITES_PER_LAYER", "apply_rope", "attention", "check_precision",
+           "decoder", "mlp", "rms_norm", "rope_tables"]
 
 f32 = jnp.float32
 #: AllReduce sites per block: `site = 2 * layer + kind`, kind 0 (attention), 1 (MLP).
 SITES_PER_LAYER = 2
+#: The matmul precisions the forward takes by name: "highest" (full f32 everywhere, the
+#: default), "high" (bf16x3 / TF32-class, backend-defined), "default" (the backend's choice).
+PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
+              "default": lax.Precision.DEFAULT}
+HIGHEST = lax.Precision.HIGHEST
+
+
+def check_precision(precision) -> lax.Precision:
+    """`precision` as a `jax.lax.Precision`: one of them, or its name in `PRECISIONS`."""
+    if isinstance(precision, lax.Precision):
+        return precision
+    if isinstance(precision, str) and precision.lower() in PRECISIONS:
+        return PRECISIONS[precision.lower()]
+    raise ValueError(f"precision must be a jax.lax.Precision or one of {tuple(PRECISIONS)}, "
+                     f"got {precision!r}")
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -69,7 +92,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
 
 
-def attention(x, w, cos, sin, mask, config: Gemma3Config) -> jax.Array:
+def attention(x, w, cos, sin, mask, config: Gemma3Config,
+              precision: lax.Precision = HIGHEST) -> jax.Array:
     """Grouped-query attention on this shard's heads; returns the `o_proj` partial sum.
 
     Args:
@@ -77,32 +101,35 @@ def attention(x, w, cos, sin, mask, config: Gemma3Config) -> jax.Array:
         w: layer weights: q `[D, n, H]`, k/v `[D, k, H]`, q_norm/k_norm `[H]`, o `[n, H, D]`.
         cos, sin: `[seq, H]` RoPE tables of this layer's kind.
         mask: `[seq, seq]` bool, True where query i may attend to key j.
+        precision: of every matmul (module essay).
 
     Returns:
         `[batch, seq, D]`: this shard's contribution to the attention output (sum over shards).
     """
     eps = config.norm_eps
-    q = jnp.einsum("bsd,dnh->bsnh", x, w["q"])                   # [B, S, n, H]
-    k = jnp.einsum("bsd,dkh->bskh", x, w["k"])                   # [B, S, k, H]
-    v = jnp.einsum("bsd,dkh->bskh", x, w["v"])                   # [B, S, k, H]
+    mm = functools.partial(jnp.einsum, precision=precision)        # every matmul pinned
+    q = mm("bsd,dnh->bsnh", x, w["q"])                             # [B, S, n, H]
+    k = mm("bsd,dkh->bskh", x, w["k"])                             # [B, S, k, H]
+    v = mm("bsd,dkh->bskh", x, w["v"])                             # [B, S, k, H]
     q = apply_rope(rms_norm(q, w["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, w["k_norm"], eps), cos, sin)
     B, S, n, H = q.shape
     kh = k.shape[2]
-    q = q.reshape(B, S, kh, n // kh, H)                          # [B, S, k, g, H]
-    scores = jnp.einsum("bskgh,btkh->bkgst", q, k) * config.query_scale  # [B, k, g, S, T]
+    q = q.reshape(B, S, kh, n // kh, H)                            # [B, S, k, g, H]
+    scores = mm("bskgh,btkh->bkgst", q, k) * config.query_scale    # [B, k, g, S, T]
     scores = jnp.where(mask[None, None, None], scores, jnp.finfo(f32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgst,btkh->bskgh", probs, v).reshape(B, S, n, H)  # [B, S, n, H]
-    return jnp.einsum("bsnh,nhd->bsd", out, w["o"])               # [B, S, D] partial
+    out = mm("bkgst,btkh->bskgh", probs, v).reshape(B, S, n, H)    # [B, S, n, H]
+    return mm("bsnh,nhd->bsd", out, w["o"])                        # [B, S, D] partial
 
 
-def mlp(x, w) -> jax.Array:
+def mlp(x, w, precision: lax.Precision = HIGHEST) -> jax.Array:
     """Gated gelu-tanh MLP on this shard's `f` columns; returns the `down_proj` partial sum."""
-    gate = jnp.einsum("bsd,df->bsf", x, w["gate"])                # [B, S, f]
-    up = jnp.einsum("bsd,df->bsf", x, w["up"])                    # [B, S, f]
+    mm = functools.partial(jnp.einsum, precision=precision)        # every matmul pinned
+    gate = mm("bsd,df->bsf", x, w["gate"])                         # [B, S, f]
+    up = mm("bsd,df->bsf", x, w["up"])                             # [B, S, f]
     h = jax.nn.gelu(gate, approximate=True) * up
-    return jnp.einsum("bsf,fd->bsd", h, w["down"])                # [B, S, D] partial
+    return mm("bsf,fd->bsd", h, w["down"])                         # [B, S, D] partial
 
 
 def masks(seq: int, window: int):
@@ -114,7 +141,8 @@ def masks(seq: int, window: int):
 
 
 def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
-            reduce: Callable[[jax.Array, jax.Array], jax.Array], record: bool = False):
+            reduce: Callable[[jax.Array, jax.Array], jax.Array], record: bool = False,
+            precision: lax.Precision = HIGHEST):
     """Run all `L` blocks over the residual stream `x` `[batch, seq, D]` with `lax.scan`.
 
     Args:
@@ -124,6 +152,7 @@ def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
         reduce: `reduce(partial, site)`, the cross-shard sum of a partial `[batch, seq, D]`
             (identity on one device); `site` is `2 * layer + kind` as a traced int32 scalar.
         record: also return the partial sums that entered `reduce`.
+        precision: of every matmul (module essay; HIGHEST unless asked).
 
     Returns:
         The residual stream after the last block; with `record`, also a dict with "attn" and
@@ -143,9 +172,10 @@ def decoder(x: jax.Array, layers: dict, config: Gemma3Config,
         cos = jnp.where(g, global_cs[0], local_cs[0])
         sin = jnp.where(g, global_cs[1], local_cs[1])
         mask = jnp.where(g, global_mask, local_mask)
-        a_part = attention(rms_norm(x, w["attn_norm"], eps), w, cos, sin, mask, config)
+        a_part = attention(rms_norm(x, w["attn_norm"], eps), w, cos, sin, mask, config,
+                           precision)
         x = x + rms_norm(reduce(a_part, SITES_PER_LAYER * i), w["post_attn_norm"], eps)
-        m_part = mlp(rms_norm(x, w["ffw_norm"], eps), w)
+        m_part = mlp(rms_norm(x, w["ffw_norm"], eps), w, precision)
         x = x + rms_norm(reduce(m_part, SITES_PER_LAYER * i + 1), w["post_ffw_norm"], eps)
         return x, ({"attn": a_part, "mlp": m_part} if record else None)
 

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .config import Gemma3Config, check_params
-from .model import SITES_PER_LAYER, decoder, rms_norm
+from .model import HIGHEST, SITES_PER_LAYER, check_precision, decoder, rms_norm
 
 __all__ = ["ShardedParams", "forward", "forward_with_partials", "reduce_at", "shard_params",
            "tp_size_error"]
@@ -156,14 +156,14 @@ def _poison_unknown(x, tokens, vocab_size: int):
     return jnp.where(ok[..., None], x, jnp.nan)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _forward_single(params, tokens, config: Gemma3Config):
+@functools.partial(jax.jit, static_argnames=("config", "precision"))
+def _forward_single(params, tokens, config: Gemma3Config, precision):
     x = jnp.take(params["embed"], tokens, axis=0) * jnp.asarray(math.sqrt(config.embed_dim),
                                                                jnp.float32)  # [B, S, D]
     x = _poison_unknown(x, tokens, config.vocab_size)
-    x = decoder(x, params["layers"], config, reduce=lambda a, site: a)
+    x = decoder(x, params["layers"], config, reduce=lambda a, site: a, precision=precision)
     x = rms_norm(x, params["final_norm"], config.norm_eps)
-    return jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V]
+    return jnp.einsum("bsd,vd->bsv", x, params["embed"], precision=precision)  # [B, S, V]
 
 
 def reduce_at(all_reduce: ReduceFn | None, x: jax.Array, site, *, axis_name: str) -> jax.Array:
@@ -190,8 +190,10 @@ def _check_sites(all_reduce, config: Gemma3Config) -> None:
                          f"this model")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "mesh", "all_reduce", "record"))
-def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, record: bool):
+@functools.partial(jax.jit, static_argnames=("config", "mesh", "all_reduce", "record",
+                                             "precision"))
+def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, record: bool,
+                precision):
     axis = mesh.axis_names[0]
     p = mesh.shape[axis]
     Vl = config.vocab_size // p
@@ -205,10 +207,12 @@ def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, re
         x = lax.psum(jnp.where(ok[..., None], rows, 0.0), axis)                    # exact
         x = x * jnp.asarray(math.sqrt(config.embed_dim), jnp.float32)
         x = _poison_unknown(x, tokens, config.vocab_size)
-        out = decoder(x, params["layers"], config, reduce=reduce, record=record)
+        out = decoder(x, params["layers"], config, reduce=reduce, record=record,
+                      precision=precision)
         x, parts = out if record else (out, None)
         x = rms_norm(x, params["final_norm"], config.norm_eps)
-        logits = jnp.einsum("bsd,vd->bsv", x, params["embed"])                     # [B, S, V/p]
+        logits = jnp.einsum("bsd,vd->bsv", x, params["embed"],
+                            precision=precision)                                   # [B, S, V/p]
         if record:
             return logits, jax.tree.map(lambda a: a[None], parts)                  # [1, L, B, S, D]
         return logits
@@ -222,7 +226,7 @@ def _forward_tp(params, tokens, config: Gemma3Config, mesh: Mesh, all_reduce, re
 
 
 def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = None,
-            all_reduce: ReduceFn | None = None) -> jax.Array:
+            all_reduce: ReduceFn | None = None, precision=HIGHEST) -> jax.Array:
     """Logits of Gemma 3 for `tokens` `[batch, seq]`: `[batch, seq, vocab]`, float32.
 
     Args:
@@ -241,6 +245,10 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
             index of the reduction (`2 * layer` after attention, `2 * layer + 1` after the
             MLP) as a traced int32 scalar, and its `sites` attribute (if any) must equal
             `2 * num_layers` (see `reduce_at`).
+        precision: of every matmul, a `jax.lax.Precision` or its name ("highest", "high",
+            "default"). Default HIGHEST: full float32 on every backend, so the logits are the
+            same model's on a CPU, a GPU (whose default is TF32) and a TPU (one bf16 pass).
+            "default" leaves it to the backend: faster on accelerators, and chip-dependent.
 
     Returns:
         Logits `[batch, seq, vocab]`; with a mesh, sharded over the vocabulary.
@@ -248,7 +256,8 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
     Raises:
         ValueError: wrong parameter names/shapes, a mesh that is not 1-D, a TP size that does
             not divide the heads, `all_reduce` without a mesh, more tokens than
-            `config.context_length`, or ids outside `[0, vocab_size)`.
+            `config.context_length`, ids outside `[0, vocab_size)`, or an unknown
+            `precision`.
 
     Under an outer `jax.jit` the token values are not known when `forward` runs, so only the
     shape, dtype and length are checked; an id outside the vocabulary then makes the logits of
@@ -258,6 +267,7 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
     """
     _check_config(config)
     tokens = _check_tokens(tokens, config)
+    precision = check_precision(precision)
     if all_reduce is not None and not callable(all_reduce):
         raise TypeError(f"all_reduce must be a collective (x, axis_name) -> x or None, got "
                         f"{all_reduce!r}")
@@ -267,15 +277,15 @@ def forward(params: dict, tokens, config: Gemma3Config, *, mesh: Mesh | None = N
         if isinstance(params, ShardedParams):
             raise ValueError("these params were placed on a mesh: pass mesh= as well")
         check_params(params, config)
-        return _forward_single(params, jnp.asarray(tokens), config)
+        return _forward_single(params, jnp.asarray(tokens), config, precision)
     _axis(mesh)
     _check_sites(all_reduce, config)
     placed = shard_params(params, config, mesh).tree
     tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
-    return _forward_tp(placed, tokens, config, mesh, all_reduce, False)
+    return _forward_tp(placed, tokens, config, mesh, all_reduce, False, precision)
 
 
-def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None):
+def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None, precision=HIGHEST):
     """`forward`, also returning the partial sums that entered each AllReduce.
 
     Returns:
@@ -283,8 +293,9 @@ def forward_with_partials(params, tokens, config, *, mesh, all_reduce=None):
         (device d's partial of layer l at `[d, l]`), sharded over devices.
     """
     tokens = _check_tokens(tokens, config)
+    precision = check_precision(precision)
     _axis(mesh)
     _check_sites(all_reduce, config)
     placed = shard_params(params, config, mesh).tree
     tokens = jax.device_put(tokens, NamedSharding(mesh, P()))
-    return _forward_tp(placed, tokens, config, mesh, all_reduce, True)
+    return _forward_tp(placed, tokens, config, mesh, all_reduce, True, precision)

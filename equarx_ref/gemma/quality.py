@@ -14,6 +14,9 @@ true uncertainty is somewhat larger, never smaller. KL and top-1 are judged besi
 (partial sums rounded to bfloat16 and reduced unquantized, the baseline EQuARX compares with):
 top-1 flips wherever the two best tokens are nearly tied, so 100 % is not the bar.
 
+Both runs pin every matmul to `precision` (HIGHEST by default, `model.py`), and the report
+records it: on a GPU or TPU the backend's own default would make the "exact" run another model.
+
 To see the error where it is made, each row also gives the relative error of every AllReduce site
 on the *same* inputs, the partial sums the exact run produced (`scoring.site_errors`).
 """
@@ -34,6 +37,7 @@ from .._checks import count
 from ..collectives import AllReduce, all_reduce
 from ..formats import COMPARED_FORMATS, Format, format_label, parse_format
 from ..schedule import ALGORITHMS
+from .model import HIGHEST, check_precision
 from .parallel import forward, forward_with_partials, shard_params
 from .scoring import sharded_scores, site_errors
 
@@ -77,19 +81,21 @@ def collective(algorithm: str, fmt: Format | str | None) -> AllReduce | Bf16AllR
     return Bf16AllReduce(algorithm) if fmt is None else AllReduce(fmt=fmt, algorithm=algorithm)
 
 
-def _label(ar) -> str:
-    cpu = ar.algorithm == "psum" and jax.default_backend() == "cpu"
-    return f"{ar}{' (CPU: f32)' if cpu else ''}"               # XLA:CPU sums bf16 in f32
+def _label(ar, mesh) -> str:
+    """The row's name; a psum on CPU devices (the mesh's, whatever the default backend) is
+    labelled "CPU: f32": XLA:CPU sums bf16 in f32."""
+    cpu = ar.algorithm == "psum" and mesh.devices.flat[0].platform == "cpu"
+    return f"{ar}{' (CPU: f32)' if cpu else ''}"
 
 
-def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
+def _row(ar, mesh, nll, top1, kl, nll_e, top1_e, err) -> dict:
     d = nll.astype(np.float64) - nll_e                          # paired, per token
     se = float(d.std(ddof=1) / math.sqrt(d.size))
     dnll = float(d.mean())
     fmt = format_label(ar.fmt) if ar.fmt is None or isinstance(ar.fmt, Format) else str(ar.fmt)
     return {
         "algorithm": ar.algorithm, "format": fmt,
-        "label": _label(ar),
+        "label": _label(ar, mesh),
         "mean_nll": float(nll.mean()), "ppl": float(math.exp(nll.mean())),
         "dnll": dnll, "dnll_se": se, "within_noise": bool(abs(dnll) < 2 * se),
         "kl_mean": float(kl.mean()), "kl_se": float(kl.std(ddof=1) / math.sqrt(kl.size)),
@@ -102,7 +108,7 @@ def _row(ar, nll, top1, kl, nll_e, top1_e, err) -> dict:
 
 
 def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAULT_FORMATS,
-             extra=(), progress=True) -> dict:
+             extra=(), progress=True, precision=HIGHEST) -> dict:
     """Score every algorithm x format against the exact tensor-parallel run.
 
     Args:
@@ -116,20 +122,23 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
             attributes (its row's format is `str(fmt)` when fmt is not a `Format`), e.g.
             `equarx_ref.outliers.StaticAllReduce`.
         progress: show a progress bar (tqdm) on stderr.
+        precision: of every matmul of every run (`forward`'s; default HIGHEST).
 
     Returns:
-        A JSON-ready dict. `meta`: model, tokens, scored (= tokens - 1), tp, exact_mean_nll,
-        exact_ppl, seconds. `rows`, one per run, each with: algorithm, format (its
-        `eq.format_label`), label (row name, e.g. "ring int8"), mean_nll, ppl, dnll (nats per
-        token, against the exact run), dnll_se (paired standard error), within_noise
-        (|dnll| < 2 dnll_se), kl_mean, kl_se, kl_max, top1 (% agreement with the exact run),
-        site_err_attn / site_err_mlp (relative error per layer) and their means.
+        A JSON-ready dict. `meta`: model, tokens, scored (= tokens - 1), tp, precision (the
+        matmuls', e.g. "highest"), exact_mean_nll, exact_ppl, seconds. `rows`, one per run,
+        each with: algorithm, format (its `eq.format_label`), label (row name, e.g. "ring
+        int8"), mean_nll, ppl, dnll (nats per token, against the exact run), dnll_se (paired
+        standard error), within_noise (|dnll| < 2 dnll_se), kl_mean, kl_se, kl_max, top1 (%
+        agreement with the exact run), site_err_attn / site_err_mlp (relative error per
+        layer) and their means.
     """
     t0 = time.time()
     ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
     if ids.shape[1] < 3:
         raise ValueError(f"need at least 3 tokens (2 scored) for a standard error, got "
                          f"{ids.shape[1]}")
+    precision = check_precision(precision)
     fmts = [parse_format(f) if isinstance(f, str) else f for f in formats]
     runs = [collective(a, f) for a in algorithms for f in fmts
             if not (a == "psum" and f is not None)] + list(extra)
@@ -141,24 +150,25 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
     bar = tqdm(total=len(runs) + 1, unit="run", leave=False, disable=not progress)
     bar.set_description("exact (psum f32)")
     ids_dev = jax.device_put(ids, NamedSharding(mesh, P()))
-    logits, parts = forward_with_partials(placed, ids, config, mesh=mesh)
+    logits, parts = forward_with_partials(placed, ids, config, mesh=mesh, precision=precision)
     nll_e, top1_e, logp_e = sharded_scores(logits, ids_dev, None, mesh, False)
     del logits
     nll_e, top1_e = np.asarray(nll_e, np.float64), np.asarray(top1_e)
     bar.update()
     rows = []
     for ar in runs:
-        bar.set_description(_label(ar))
-        logits = forward(placed, ids, config, mesh=mesh, all_reduce=ar)
+        bar.set_description(_label(ar, mesh))
+        logits = forward(placed, ids, config, mesh=mesh, all_reduce=ar, precision=precision)
         nll, top1, kl = (np.asarray(a) for a in sharded_scores(logits, ids_dev, logp_e, mesh,
                                                                 True))
         del logits
         err = {k: np.asarray(site_errors(v, mesh, ar, _KIND[k])) for k, v in parts.items()}
-        rows.append(_row(ar, nll, top1, kl, nll_e, top1_e, err))
+        rows.append(_row(ar, mesh, nll, top1, kl, nll_e, top1_e, err))
         bar.update()
     bar.close()
     return {"meta": {"model": f"Gemma 3 {config.name}", "tokens": int(ids.shape[1]),
                      "scored": int(ids.shape[1] - 1), "tp": int(mesh.shape[mesh.axis_names[0]]),
+                     "precision": precision.name.lower(),
                      "exact_mean_nll": float(nll_e.mean()),
                      "exact_ppl": float(math.exp(nll_e.mean())),
                      "seconds": round(time.time() - t0, 1)},
@@ -166,7 +176,8 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
 
 
 def evaluate_text(text: str | None = None, *, tp: int = 4, max_tokens: int | None = None,
-                  algorithms=ALGORITHMS, formats=DEFAULT_FORMATS, progress=True) -> dict:
+                  algorithms=ALGORITHMS, formats=DEFAULT_FORMATS, progress=True,
+                  precision=HIGHEST) -> dict:
     """`evaluate` on Gemma 3 270M's real weights over `text` (default: `EVAL_TEXT`), TP=`tp`.
 
     Sets up `max(tp, 8)` devices (simulated CPU devices when there are no accelerators), loads
@@ -185,6 +196,7 @@ def evaluate_text(text: str | None = None, *, tp: int = 4, max_tokens: int | Non
     config, params = load_gguf(progress=progress)
     ids = Tokenizer.from_gguf().encode(EVAL_TEXT if text is None else text)[:max_tokens]
     report = evaluate(params, config, ids, make_mesh(devices[:tp], ("tp",)),
-                      algorithms=algorithms, formats=formats, progress=progress)
+                      algorithms=algorithms, formats=formats, progress=progress,
+                      precision=precision)
     report["meta"]["text"] = "equarx_ref.gemma.evaltext.EVAL_TEXT" if text is None else "custom"
     return report

@@ -14,8 +14,9 @@ __all__ = ["format_table"]
 def format_table(report: dict) -> str:
     """The report as a fixed-width text table."""
     m = report["meta"]
-    head = (f"{m['model']}, TP={m['tp']}, {m['scored']} scored tokens; exact run (psum f32): "
-            f"mean NLL {m['exact_mean_nll']:.4f}, perplexity {m['exact_ppl']:.3f}")
+    prec = f", matmuls at {m['precision']} precision" if "precision" in m else ""
+    head = (f"{m['model']}, TP={m['tp']}, {m['scored']} scored tokens{prec}; exact run (psum "
+            f"f32): mean NLL {m['exact_mean_nll']:.4f}, perplexity {m['exact_ppl']:.3f}")
     w = max([26, *(len(r["label"]) + 2 for r in report["rows"])])       # the run column
     cols = (f"{'run':<{w}}{'NLL':>8}{'ppl':>9}{'dNLL +- SE':>22}{'KL mean':>10}{'top-1 %':>9}"
             f"{'err attn':>10}{'err mlp':>10}")

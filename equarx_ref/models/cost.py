@@ -381,10 +381,11 @@ DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5"
 
 @functools.cache
 def default_min_bytes(p, *, fmt: Format, algorithm: str, device_kind: str) -> int:
-    """The size gate `all_reduce` uses when given none: below this many bytes the message goes
+    """The size gate of `all_reduce(..., min_bytes="auto")`, opt-in (the default gate reads the
+    message only: `predict.quantizing_saves_bytes`): below this many bytes the message goes
     unquantized. On a known TPU it is the model's `crossover_bytes` for that chip; on anything
     else (CPU devices, simulated or not, where no link is saved) it is 0: every message is
-    quantized, exactly as asked."""
+    quantized, exactly as asked. It reads the chip, so the bits it gives depend on the chip."""
     chip = DEVICE_KINDS.get(device_kind)
     if chip is None or algorithm == "psum":
         return 0

@@ -11,6 +11,12 @@ blocks of payload plus scales (`Format.nbytes`), after the padding of `schedule.
 For the ring that is 2 (p - 1) chunks of n / p values: 2 (p - 1) / p * n * bits / 8 bytes, so
 int8 with a bf16 scale per 32 (8.5 bits) sends 16 / 8.5 = 1.88x fewer bytes than bf16.
 
+The default size gate follows from the same count, and from nothing else: quantize a message
+only when that sends fewer bytes than sending it as it is (`quantizing_saves_bytes`). A short
+message padded to whole blocks of whole chunks can cost more quantized than raw; the rule reads
+the message (length, dtype, devices, algorithm), never the chip, so it gates identically on
+every backend. (`all_reduce(min_bytes="auto")` asks the chip's time model instead.)
+
 Error: `error.py` (one format on every hop) and `hops.py` (a format per hop), read off the same
 schedules; `predicted_relative_error` here picks between them.
 """
@@ -26,7 +32,7 @@ from ..wire import encoded_bytes
 from .error import uniform_relative_error
 from .hops import HOP_BITS, hop_plan, plan_relative_error, step_weights
 
-__all__ = ["predicted_relative_error", "wire_bytes"]
+__all__ = ["predicted_relative_error", "quantizing_saves_bytes", "wire_bytes"]
 
 # A schedule lists every transfer, p^2 of them for a ring; a TPU v5p slice has 8,960 chips. The
 # bytes are therefore counted in closed form, held in the tests against `Schedule.chunks_sent`
@@ -48,14 +54,18 @@ def _chunks_sent(algorithm: str, shape: tuple[int, ...]) -> int:
 
 
 def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
-               num_chunks: int = 1, min_bytes: int = 0, hop_bits: str = "uniform") -> int:
+               num_chunks: int = 1, min_bytes: int | None = None,
+               hop_bits: str = "uniform") -> int:
     """Bytes one device sends for an AllReduce of `n` values over `p` devices.
 
     Counted from the schedule `all_reduce` executes: every transfer of a device, encoded chunk
     sizes included (payload plus scales, after padding). `p` may be a pair (2D torus).
     "psum" is modelled as a ring, 2 (p - 1) / p * n values of `dtype` (XLA:CPU widens a bf16
-    psum to f32 in practice; on TPU it sends bf16). An empty message sends nothing. A message
-    under `min_bytes` (`all_reduce`'s size gate) is counted unquantized. `hop_bits` as in
+    psum to f32 in practice; on TPU it sends bf16). An empty message sends nothing.
+    `min_bytes` is `all_reduce`'s size gate: None (default, as `all_reduce`) counts the message
+    quantized only if that sends fewer bytes (`quantizing_saves_bytes`); an int counts a
+    message of fewer bytes (`n` values of `dtype`) unquantized, 0 never. ("auto", the chip's
+    crossover, needs the chip: pass `cost.default_min_bytes(...)` as an int.) `hop_bits` as in
     `all_reduce`: "adaptive" counts each step in its own format (`hops.hop_plan`). Stochastic
     rounding and rotation do not change the bytes.
     """
@@ -64,11 +74,48 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     itemsize = dtype.itemsize
     if hop_bits not in HOP_BITS:
         raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
-    min_bytes = count(min_bytes, "min_bytes", minimum=0)
-    if fmt is not None and n * itemsize < min_bytes:
-        fmt = None
+    if min_bytes == "auto":
+        raise ValueError("wire_bytes cannot read a chip: for min_bytes='auto' pass the chip's "
+                         "crossover, cost.default_min_bytes(...), as an int")
+    if min_bytes is not None:
+        min_bytes = count(min_bytes, "min_bytes", minimum=0)
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
+    if fmt is not None and algorithm != "psum" and (
+            n * itemsize < min_bytes if min_bytes is not None else
+            not _saves(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits)):
+        fmt = None
+    return _sent(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits)
+
+
+def quantizing_saves_bytes(n: int, p, *, fmt: Format, algorithm: str, dtype="bfloat16",
+                           num_chunks: int = 1, hop_bits: str = "uniform") -> bool:
+    """The default size gate of `all_reduce` (`min_bytes=None`): True when `n` values of
+    `dtype` sent quantized in `fmt` cost fewer bytes on the wire than sent as they are.
+
+    It depends on the message only (length, dtype, devices, algorithm, pipeline, hop_bits),
+    never on the chip, so the same call quantizes the same messages on every backend. An empty
+    message or one device sends nothing either way: False.
+    """
+    n = count(n, "n (values)", minimum=0)
+    value_dtype(dtype)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be a Format, got {fmt!r}")
+    if hop_bits not in HOP_BITS:
+        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
+    shape = device_shape(p)
+    check_algorithm(algorithm, fmt, shape, num_chunks)
+    return _saves(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits)
+
+
+def _saves(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits) -> bool:
+    return _sent(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits) < \
+        _sent(n, shape, None, algorithm, dtype, num_chunks, "uniform")
+
+
+def _sent(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits) -> int:
+    """`wire_bytes` of checked arguments, no gate."""
+    itemsize = value_dtype(dtype).itemsize
     total = math.prod(shape)
     if algorithm == "psum":
         return 2 * (total - 1) * n * itemsize // total
@@ -76,7 +123,8 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
         return 0
     chunks = 1 if algorithm == "one_shot" else total * (2 if algorithm == "bidir_ring" else 1)
     if fmt is not None and hop_bits != "uniform":
-        plan = hop_plan(p, fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)
+        plan = hop_plan(shape if len(shape) > 1 else shape[0], fmt=fmt, algorithm=algorithm,
+                        hop_bits=hop_bits)
         _, pieces = layout(n, chunks, plan.align, num_chunks)
         steps, (_, gathered) = step_weights(make_schedule(algorithm, shape))
         sends = [(steps[t][1], f) for t, f in plan.reduce] + [(gathered, plan.gather)]

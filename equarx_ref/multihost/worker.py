@@ -242,7 +242,7 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
                          "hlo_bytes": round(sum(hlo_wire_bytes(compiled.as_text(), p).values())),
                          "wire_hlo_bytes": round(sum(hlo_wire_bytes(sends.as_text(), p).values())),
                          "model_bytes": wire_bytes(n, p, fmt=parse_format(fmt),
-                                                   algorithm=algorithm)})
+                                                   algorithm=algorithm, min_bytes=0)})
             report(f"compiled {algorithm} {fmt} {nbytes >> 20} MiB")
         width = len(calls)
         started = iter(range(width * spec["repeats"]))

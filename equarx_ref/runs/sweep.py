@@ -173,7 +173,7 @@ def sweep(p_values=DEFAULT_P, algorithms=DEFAULT_ALGORITHMS, formats=DEFAULT_FOR
         config = AllReduce(fmt, algorithm, min_bytes=0, **REMEDIES[remedy])
         hop_bits = config.hop_bits
         sent = wire_bytes(size, p, fmt=fmt, algorithm=algorithm, dtype="float32",
-                          hop_bits=hop_bits)
+                          hop_bits=hop_bits, min_bytes=0)
         plain = wire_bytes(size, p, fmt=None, algorithm=algorithm, dtype="bfloat16")
         bits = 16 * sent / plain
         if hop_bits == "adaptive":  # the plan's average, exact (padding aside)

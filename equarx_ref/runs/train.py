@@ -237,7 +237,7 @@ def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int
     kw, _ = _keywords(variant)
     fmt, algorithm = kw.get("fmt"), kw.get("algorithm", "ring")
     model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=kw.get("dtype", "float32"),
-                       hop_bits=kw.get("hop_bits", "uniform"))
+                       hop_bits=kw.get("hop_bits", "uniform"), min_bytes=kw.get("min_bytes", 0))
     if not check:
         return model, None
     stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((p, *x.shape), x.dtype), params)
