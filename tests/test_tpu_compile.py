@@ -196,3 +196,26 @@ def test_bytes_accessed_as_recorded(topology):
         assert new["wire_bytes_hlo"] == new["wire_bytes"] == was["wire_bytes"]
         assert abs(new["ratio_to_model"] / was["ratio_to_model"] - 1) < 0.05, (was, new)
         assert abs(new["traffic"]["tally"] / new["bytes_accessed"] - 1) < 0.20, new
+
+
+
+def test_byte_ratio_table_reads_the_report():
+    """`format_byte_ratios` on a written report: a row per topology x format, a column per
+    program (codec) and per algorithm (AllReduce over psum), psum over its own floor."""
+    from equarx_ref.runs import tpu_bytes
+
+    codec = [{"topology": "v5e:2x4", "program": "x + 1", "format": "bfloat16", "ratio": 1.0},
+             *({"topology": "v5e:2x4", "program": p, "format": "int8", "ratio": r}
+               for p, r in (("encode", 27.8), ("decode", 12.5), ("hop", 38.6)))]
+    ar = [{"topology": "v5e:2x4", "algorithm": "psum", "format": "bfloat16", "ratio": 1.0,
+           "to_psum": 1.0},
+          {"topology": "v5e:2x4", "algorithm": "ring", "format": "int8", "ratio": 53.7,
+           "to_psum": 53.7}]
+    text = tpu_bytes.format_byte_ratios({"mib": 0.25, "p": 8, "target": 2.0, "codec": codec,
+                                         "all_reduce": ar})
+    lines = text.splitlines()
+    assert "0.25 MiB" in lines[0] and "target <= 2x" in lines[0]
+    assert any(ln.split() == ["v5e:2x4", "int8", "27.8x", "12.5x", "38.6x"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "bfloat16", "1.0x", "(x", "+", "1)"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "53.7x"] for ln in lines)
+    assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)

@@ -182,6 +182,8 @@ BAD_FLAGS = [
     "demo --plot /no/such/dir/x.png", "bench --mib -1", "bench --mib 0", "bench --repeats 0",
     "bench --json /no/such/dir/x.json", "gemma --tp 0", "gemma --tokens -1",
     "gemma --json /no/such/dir/x.json", "gemma --algorithms tree", "nosuchcommand", "",
+    "kernels --compile v5e:2x4 --bytes 0", "kernels --compile v5e:2x4 --bytes 0.001",
+    "kernels --compile v5e:2x4 --bytes x",
 ]
 
 
