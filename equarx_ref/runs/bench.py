@@ -6,20 +6,20 @@ that moves many times the bytes it must gives the bandwidth back. This module ti
 programs on whatever backend jax runs on (`jax.devices()[0]`), side by side in one run with the
 cheapest pass over memory there is, `x + 1` (one read, one write; XLA removes `x * 1`):
 
-    program   inputs                      output            fewest bytes (n values)
-    x + 1     x: bf16[n]                  bf16[n]           2n + 2n
-    x + 1     x: f32[n/2] (the same bytes)  f32[n/2]        2n + 2n
-    encode    x: bf16[n]                  u8[nbytes]        2n + nbytes
-    decode    wire: u8[nbytes]            bf16[n]           nbytes + 2n
-    hop       wire: u8[nbytes], x: bf16[n]  u8[nbytes]      nbytes + 2n + nbytes
+    program   inputs                         output       fewest bytes (n values)
+    x + 1     x: bf16[n]                     bf16[n]      2n + 2n
+    x + 1     x: f32[n/2] (the same bytes)   f32[n/2]     2n + 2n
+    encode    x: bf16[n]                     u8[nbytes]   2n + nbytes
+    decode    wire: u8[nbytes]               bf16[n]      nbytes + 2n
+    hop       wire: u8[nbytes], x: bf16[n]   u8[nbytes]   nbytes + 2n + nbytes
 
 with nbytes = `fmt.nbytes(n)`, the wire's bytes (payload and scales). "Fewest bytes" is what a
 program must move at the least: each input read once and each output written once, at its
 logical size (packed, untiled); what stays on chip (the hop's f32 sum) is free. Each program's
 throughput is its fewest bytes over its time, GB/s, and the fraction of the copy bandwidth
 measured in the same run (4n bytes over the faster `x + 1`'s time: XLA:CPU adds bf16 through
-f32 conversions, 3-4x slower than f32 on 2 cores, where a TPU or GPU pass is memory-bound
-either way): 100% is a codec as cheap as a copy; decode writes bf16 as the gather phase does
+f32 conversions, which can make that pass compute-bound, where a TPU's or a GPU's is bound by
+memory either way): 100% is a codec as cheap as a copy; decode writes bf16 as the gather phase does
 (`Codec.decode(buf, m, dtype)`).
 
 `quantizer_throughput`, the older table, times quantize + dequantize (`quantize.py`, f32 in
