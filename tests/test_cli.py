@@ -60,10 +60,40 @@ def test_demo_json(tmp_path, capsys):
     assert "bidir_ring" in table and "1.88x" in table
 
 
-def test_bench(capsys):
-    assert cli.main(["bench", "--mib", "4", "--repeats", "1"]) == 0
+def test_bench(capsys, tmp_path):
+    """`bench` prints and stores every program's row (timings are shown, never asserted: a
+    benchmark, not a test of speed), with the fewest bytes of each program exact, and the
+    site's tables render them."""
+    from test_docs import _docs_gen  # tests/ is on the path
+
+    from equarx_ref.runs.bench import BENCH_FORMATS, PROGRAMS, QDQ_FORMATS
+
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--mib", "1", "--repeats", "1", "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "int8" in table and "mxfp4" in table and "x + 1" in table
+    assert "int8" in table and "mxfp4" in table and "x + 1" in table and "of copy" in table
+    result = json.loads(out.read_text())
+    assert result["device"] and result["platform"] == "cpu"
+    n = 1 << 19  # 1 MiB of bf16
+    plain, plain32, *codec = result["codec"]
+    assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32)] == [
+        ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n)]
+    assert [(r["program"], r["format"]) for r in codec] == [
+        (p, str(eq.Format.parse(f))) for f in BENCH_FORMATS for p in PROGRAMS]
+    for r in result["codec"]:
+        wire = 0 if r["program"] == "x + 1" else eq.Format.parse(r["format"]).nbytes(n)
+        assert r["fewest_bytes"] == {"x + 1": 4 * n, "encode": 2 * n + wire,
+                                     "decode": wire + 2 * n, "hop": 2 * wire + 2 * n}[r["program"]]
+        assert r["seconds"] > 0 and r["n"] == n
+        assert r["gbps"] == pytest.approx(r["fewest_bytes"] / r["seconds"] / 1e9)
+        assert r["copy_gbps"] == pytest.approx(max(plain["gbps"], plain32["gbps"]))
+        assert r["of_copy"] == pytest.approx(r["gbps"] / r["copy_gbps"])
+    qdq = {r["format"]: r for r in result["quantizer"]}
+    assert list(qdq) == [str(eq.Format.parse(f)) for f in QDQ_FORMATS]
+    assert qdq["int8"]["to_int8"] == 1.0 and all(r["ratio"] > 0 for r in qdq.values())
+    gen = _docs_gen("bench")
+    site = gen.codec_table(result) + gen.bench_table(result)
+    assert all(f"`{f}`" in site for f in qdq) and "vs int8" in site and "of copy" in site
 
 
 def test_draw_schedule():

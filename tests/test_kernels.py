@@ -221,14 +221,14 @@ def test_cli_compile_options(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tpu_matrix, "run", run)
     out = tmp_path / "tpu.json"
     argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "hop",
-            "--read-back", "--jobs", "2", "--json", str(out)]
+            "--read-back", "--bytes", "0.25", "--jobs", "2", "--json", str(out)]
     assert cli.main(argv) == 0
     (topologies, kw), = calls
     assert topologies == ("v5e:2x4", "v6e:2x4") and kw["families"] == ("pallas", "hop")
-    assert kw["read_back_too"] is True and kw["jobs"] == 2
+    assert kw["read_back_too"] is True and kw["jobs"] == 2 and kw["bytes_mib"] == 0.25
     report = json.loads(out.read_text())
     assert report["command"] == ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only pallas "
-                                 f"hop --read-back --jobs 2 --json {out}")
+                                 f"hop --read-back --bytes 0.25 --jobs 2 --json {out}")
     assert report["topologies"] == ["v5e:2x4", "v6e:2x4"]
 
 
@@ -237,6 +237,7 @@ def test_cli_compile_options(tmp_path, capsys, monkeypatch):
     (["--compile", ","], "expected TPU slices like v5e:2x4"),
     (["--compile", "v5e:2x4", "--jobs", "0"], "expected an integer >= 1"),
     (["--compile", "v5e:2x4", "--only", "mosaic"], "invalid choice: 'mosaic'"),
+    (["--compile", "v5e:2x4", "--bytes", "0.001"], "a positive multiple of 1/64 MiB"),
 ])
 def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
     monkeypatch.setattr(tpu_matrix, "run", lambda *a, **k: pytest.fail("the work started"))
@@ -246,7 +247,8 @@ def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
     assert e.value.code == 2 and len(err) == 1 and words in err[0], err
 
 
-@pytest.mark.parametrize("flag", [["--read-back"], ["--only", "xla"], ["--jobs", "2"]])
+@pytest.mark.parametrize("flag", [["--read-back"], ["--only", "xla"], ["--jobs", "2"],
+                                  ["--bytes"]])
 def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
     monkeypatch.setattr(kernel_checks, "report", lambda **k: pytest.fail("the work started"))
     assert cli.main(["kernels", *flag]) == 2

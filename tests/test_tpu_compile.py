@@ -196,3 +196,78 @@ def test_bytes_accessed_as_recorded(topology):
         assert new["wire_bytes_hlo"] == new["wire_bytes"] == was["wire_bytes"]
         assert abs(new["ratio_to_model"] / was["ratio_to_model"] - 1) < 0.05, (was, new)
         assert abs(new["traffic"]["tally"] / new["bytes_accessed"] - 1) < 0.20, new
+
+
+
+def test_byte_ratio_table_reads_the_report():
+    """`format_byte_ratios` on a written report: a row per topology x format, a column per
+    program (codec) and per algorithm (AllReduce over psum), psum over its own floor."""
+    from equarx_ref.runs import tpu_bytes
+
+    codec = [{"topology": "v5e:2x4", "program": "x + 1", "format": "bfloat16", "ratio": 1.0},
+             *({"topology": "v5e:2x4", "program": p, "format": "int8", "ratio": r}
+               for p, r in (("encode", 27.8), ("decode", 12.5), ("hop", 38.6)))]
+    ar = [{"topology": "v5e:2x4", "algorithm": "psum", "format": "bfloat16", "ratio": 1.0,
+           "to_psum": 1.0},
+          {"topology": "v5e:2x4", "algorithm": "ring", "format": "int8", "ratio": 53.7,
+           "to_psum": 53.7}]
+    text = tpu_bytes.format_byte_ratios({"mib": 0.25, "p": 8, "target": 2.0, "codec": codec,
+                                         "all_reduce": ar})
+    lines = text.splitlines()
+    assert "0.25 MiB" in lines[0] and "target <= 2x" in lines[0]
+    assert any(ln.split() == ["v5e:2x4", "int8", "27.8x", "12.5x", "38.6x"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "bfloat16", "1.0x", "(x", "+", "1)"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "53.7x"] for ln in lines)
+    assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)
+
+
+#: XLA:TPU's bytes accessed over the fewest bytes (codec programs, `tpu_bytes.codec_bytes`) and
+#: AllReduce over psum (`tpu_bytes.all_reduce_bytes`), measured 2026-11-26 with libtpu 0.0.42.1
+#: (jax 0.10.2) at main d081d17 (the codec before its redesign), 1 MiB of bf16
+#: (`equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only none --bytes 1`); the test's 1/4 MiB
+#: gives the same within 2%. `x + 1` (1.0x) and psum (1.0x of 4n) are the floor's own checks.
+TODAY = {  # topology: {format: ratios in the order of TODAY_COLUMNS}
+    "v5e:2x4": {
+        "int8": (27.8, 11.0, 38.6, 53.7, 50.3, 63.6),
+        "int4": (70.5, 13.4, 79.1, 76.8, 72.9, 90.6),
+        "fp8_e4m3": (27.8, 10.7, 37.3, 51.1, 47.7, 63.6),
+        "mxfp8": (24.0, 11.7, 36.1, 51.4, 48.0, 62.6),
+        "mxfp4": (85.1, 68.4, 115.4, 135.4, 135.0, 157.7),
+    },
+    "v6e:2x4": {
+        "int8": (27.9, 18.9, 44.9, 63.7, 60.3, 73.2),
+        "int4": (71.4, 22.8, 87.5, 87.5, 83.1, 100.9),
+        "fp8_e4m3": (27.9, 16.9, 42.5, 60.0, 56.6, 73.2),
+        "mxfp8": (24.0, 11.7, 39.6, 51.4, 48.0, 68.7),
+        "mxfp4": (85.9, 68.4, 120.0, 135.4, 135.0, 158.2),
+    },
+}
+TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
+def test_codec_bytes_accessed_held_to_today(topology):
+    """Issue 29: the codec moves many times the bytes it must. Not asserted: the target (every
+    codec program within 2x of its fewest bytes, every AllReduce within 2x of psum's bytes);
+    printed beside today's figures. Asserted: `x + 1` costs its fewest bytes (<= 1.1x), psum
+    its 4n, and no ratio grows more than 10% over today's (a regression bound, not a goal)."""
+    from equarx_ref.runs import tpu_bytes
+
+    report = tpu_bytes.byte_ratios(topology, mib=0.25)
+    print(tpu_bytes.format_byte_ratios(report))
+    worse, met = [], []
+    for r in report["codec"] + report["all_reduce"]:
+        program = r.get("program") or r["algorithm"]
+        ratio = r["ratio"] if "program" in r or program == "psum" else r["to_psum"]
+        met.append(f"{program} {r['format']}: {ratio:.1f}x "
+                   f"{'meets' if ratio <= tpu_bytes.TARGET else 'misses'} the 2x target")
+        today = dict(zip(TODAY_COLUMNS, TODAY[topology].get(r["format"], ()), strict=False))
+        bound = 1.1 * today.get(program, 1.0)  # x + 1 and psum: 1.0
+        if not ratio <= bound:
+            worse.append(f"{program} {r['format']}: {ratio:.2f}x > {bound:.2f}x")
+    print("\n".join(met))
+    plain = next(r for r in report["codec"] if r["program"] == "x + 1")
+    psum = next(r for r in report["all_reduce"] if r["algorithm"] == "psum")
+    assert plain["ratio"] <= 1.1 and psum["ratio"] <= 1.1, (plain, psum)
+    assert not worse, f"{topology}: bytes accessed grew past today's +10%: {worse}"

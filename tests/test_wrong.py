@@ -184,6 +184,8 @@ BAD_FLAGS = [
     "gemma --json /no/such/dir/x.json", "gemma --algorithms tree", "nosuchcommand", "",
     # accepted by the parser's type, but not by the packaged model: refused before it loads
     "gemma --tp 3", "outliers --tp 3", "outliers --tp 8", "outliers --outliers 641",
+    "kernels --compile v5e:2x4 --bytes 0", "kernels --compile v5e:2x4 --bytes 0.001",
+    "kernels --compile v5e:2x4 --bytes x",
 ]
 
 

@@ -9,7 +9,9 @@
 #                                           x format, the Gemma TP forward; prints a table and
 #                                           fails on any error;
 # then tests/test_tpu_compile.py: wire bytes read from the TPU program, what XLA:TPU overlaps,
-# bytes accessed against the time model (the ratio held to the stored equarx_ref/data/tpu.json).
+# bytes accessed against the time model (the ratio held to the stored equarx_ref/data/tpu.json),
+# and the codec's and the AllReduces' bytes accessed over their floors (runs/tpu_bytes.py: held
+# to today's figures +10%, the 2x target printed beside them).
 # Under CI=true the environment must build. Cost (jax 0.10.2, libtpu 0.0.42.1): 7.9 CPU-minutes
 # (install, 216 compiles, tests); 10.1 min wall on a shared 2-core machine at load 6-10.
 # Usage: bash tests/tpu_compile.sh [PYTHON]   (default: .venv/bin/python, the jax under test)

@@ -1,7 +1,7 @@
 """equarx-ref: quantized AllReduce side by side: error, bytes on the wire, speed.
 
     equarx-ref demo     every algorithm x bf16, int8, int4, fp8_e4m3: bits, bytes, error, CPU time
-    equarx-ref bench    quantizer throughput; --hosts N: a real multi-host run, capped links
+    equarx-ref bench    codec throughput; --hosts N: a real multi-host run, capped links
     equarx-ref gemma    quality of quantized tensor-parallel communication on Gemma 3 270M
     equarx-ref model    modelled TPU time: speedup against message size, pipeline depth, prefill
     equarx-ref kernels  the Pallas TPU kernels: bitwise and race checks; GB/s on a real TPU
@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 #: its full parser, so `equarx-ref --help` imports none of the package's heavy modules.
 COMMANDS = {
     "demo": ("run the collectives side by side (the main job)", "collectives"),
-    "bench": ("quantizer throughput; with --hosts, a real multi-host run", "collectives"),
+    "bench": ("codec throughput; with --hosts, a real multi-host run", "collectives"),
     "gemma": ("quality of quantized TP communication on Gemma 3 270M", "gemma"),
     "model": ("modelled TPU time: speedup against message size, prefill", "tpu"),
     "kernels": ("the Pallas TPU kernels: checks; GB/s on a real TPU", "tpu"),

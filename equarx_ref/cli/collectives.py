@@ -1,5 +1,5 @@
 """The commands that run the collectives: `demo` (every algorithm x format side by side),
-`bench` (quantizer throughput; with `--hosts`, a real multi-host run) and `sweep` (the map of
+`bench` (codec throughput; with `--hosts`, a real multi-host run) and `sweep` (the map of
 bits on the wire against error). Each parses, calls one function of `equarx_ref.runs` or
 `equarx_ref.multihost`, prints.
 """
@@ -87,16 +87,18 @@ def add_bench(sub) -> None:
     rate = argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
 
     p = sub.add_parser("bench", help=COMMANDS["bench"][0],
-                       description="Without --hosts: time quantize+dequantize of a large f32 "
-                       "array against the cheapest pass over the same memory (x + 1), side by "
-                       "side in one run, for several formats. With --hosts N: N processes form "
-                       "one JAX job (gloo over TCP) and time every algorithm x format x message "
-                       "size against the bf16 ring and the time model; as root, --link caps "
-                       "each host's own network namespace at that rate (else: loopback, "
-                       "uncapped). CPU timings on this machine.")
+                       description="Without --hosts: time the codec (encode, decode and one "
+                       "ring hop) on a large bf16 array, and quantize+dequantize of a large f32 "
+                       "one, against the cheapest pass over the same memory (x + 1), side by "
+                       "side in one run, for several formats, on jax's default device. With "
+                       "--hosts N: N processes form one JAX job (gloo over TCP) and time every "
+                       "algorithm x format x message size against the bf16 ring and the time "
+                       "model; as root, --link caps each host's own network namespace at that "
+                       "rate (else: loopback, uncapped). Timings on this machine.")
     p.add_argument("--mib", type=at_least(1), nargs="+", default=None,
-                   help="sizes in MiB: of the f32 array (default 64), or with --hosts of each "
-                   "host's bf16 message (default 1 2 4 8 16 32 64)")
+                   help="sizes in MiB: of the bf16 (codec) and f32 (quantize+dequantize) "
+                   "arrays (default 64), or with --hosts of each host's bf16 message "
+                   "(default 1 2 4 8 16 32 64)")
     p.add_argument("--repeats", type=at_least(1), default=None,
                    help="timed calls per configuration; the median is kept (default 5, "
                    "with --hosts 3)")
@@ -135,11 +137,23 @@ def cmd_bench(args) -> int:
 
     results = throughput(args.mib or [64], repeats=args.repeats or 5)
     out = sys.stderr if args.json == "-" else sys.stdout
-    print(table(["format", "MiB", "quantize+dequantize", "x + 1", "ratio", "GiB/s"],
+    print(f"the codec on {results['device']} ({results['platform']}): GB/s over each "
+          "program's fewest bytes (inputs read once, outputs written once), and the fraction "
+          "of a copy's (the faster x + 1, bf16 or f32 on the same bytes) in this run", file=out)
+    print(table(["program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s",
+                 "of copy"],
+                [[r["program"], r["format"] or "-", str(r["mib"]),
+                  f"{r['seconds'] * 1e3:.2f} ms", f"{r['fewest_bytes'] / 1e6:.1f} MB",
+                  f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}"] for r in results["codec"]]),
+          file=out)
+    print("quantize+dequantize of f32 against x + 1 and against int8's, same run:", file=out)
+    print(table(["format", "MiB", "quantize+dequantize", "x + 1", "ratio", "vs int8", "GiB/s"],
                 [[r["format"], str(r["mib"]), f"{r['quantize_dequantize_s'] * 1e3:.1f} ms",
                   f"{r['elementwise_s'] * 1e3:.1f} ms", f"{r['ratio']:.2f}x",
-                  f"{r['gib_per_s']:.2f}"] for r in results]), file=out)
-    print("CPU timings, median of the repeats, measured side by side in this run.", file=out)
+                  "-" if r["to_int8"] is None else f"{r['to_int8']:.2f}x",
+                  f"{r['gib_per_s']:.2f}"] for r in results["quantizer"]]), file=out)
+    print(f"{results['platform'].upper()} timings, median of the repeats, measured side by "
+          "side in this run.", file=out)
     if args.json:
         write_json(args.json, results)
     return 0

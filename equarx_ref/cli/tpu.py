@@ -94,6 +94,11 @@ def add_kernels(sub) -> None:
     p.add_argument("--read-back", action="store_true",
                    help="with --compile: also read the TPU programs back (wire bytes from the "
                    "HLO, what XLA:TPU overlaps, its bytes accessed against the time model)")
+    p.add_argument("--bytes", metavar="MIB", type=argument(positive_mib), nargs="?", const=16.0,
+                   default=None,
+                   help="with --compile: also XLA:TPU's bytes accessed by the codec (encode, "
+                   "decode, hop on MIB MiB of bf16, default 16) over the fewest bytes each must "
+                   "move, and by the p=8 AllReduces (MIB per chip) over lax.psum's")
     p.add_argument("--only", choices=(*FAMILIES, "none"), nargs="+", default=None,
                    help="with --compile: only these families ('none' with --read-back: the "
                    "read-back alone)")
@@ -101,6 +106,15 @@ def add_kernels(sub) -> None:
                    help="with --compile: compile on this many threads (one process: libtpu "
                    "allows one at a time)")
     p.set_defaults(func=cmd_kernels)
+
+
+def positive_mib(text: str) -> float:
+    """`--bytes`'s value: MiB of bf16, a positive number whose values fill whole blocks on 8
+    chips (a multiple of 1/64 MiB)."""
+    mib = float(text)
+    if not mib > 0 or (mib * 64) % 1:
+        raise ValueError(f"expected a positive multiple of 1/64 MiB, got {text!r}")
+    return mib
 
 
 def topologies(text: str) -> tuple[str, ...]:
@@ -117,6 +131,7 @@ def _compile_command(args) -> str:
     return " ".join(["equarx-ref kernels --compile", ",".join(args.compile),
                      *(["--only", *args.only] if args.only else []),
                      *(["--read-back"] if args.read_back else []),
+                     *([f"--bytes {args.bytes:g}"] if args.bytes is not None else []),
                      *([f"--jobs {args.jobs}"] if args.jobs != 1 else []),
                      *(["--json", args.json] if args.json else [])])
 
@@ -132,13 +147,13 @@ def cmd_kernels(args) -> int:
 
         status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,
-            read_back_too=args.read_back, jobs=args.jobs, out=out,
+            read_back_too=args.read_back, bytes_mib=args.bytes, jobs=args.jobs, out=out,
             progress=lambda m: print(f"  {m}", file=sys.stderr))
         if args.json and report:
             write_json(args.json, {"command": _compile_command(args), **report})
         return status
-    if args.only or args.read_back or args.jobs != 1:
-        raise ValueError("--only, --read-back and --jobs go with --compile TOPOLOGY")
+    if args.only or args.read_back or args.bytes is not None or args.jobs != 1:
+        raise ValueError("--only, --read-back, --bytes and --jobs go with --compile TOPOLOGY")
     from .. import devices
     from ..runs import kernel_checks
 

@@ -12,7 +12,8 @@ asynchronous collective-permute-start / -done pairs and the fusions XLA schedule
 them), `cost_analysis()` (XLA:TPU's own count of bytes accessed) and `memory_analysis()`.
 
 This module compiles one program: an AllReduce (`compile_all_reduce`), the fused hop kernel
-(`compile_hop`) or the tensor-parallel Gemma forward (`compile_gemma`). Every configuration of
+(`compile_hop`), any function on one chip (`compile_on_chip`) or the tensor-parallel Gemma
+forward (`compile_gemma`). Every configuration of
 the package compiled and tabled is `tpu_matrix.py`; the TPU program read back against the models
 (wire bytes, overlap, memory traffic) is `tpu_readback.py`.
 
@@ -39,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 
 __all__ = ["TOPOLOGIES", "LibtpuMissing", "compile_all_reduce", "compile_gemma", "compile_hop",
-           "libtpu_version", "prepare_environment", "source_digest",
+           "compile_on_chip", "libtpu_version", "prepare_environment", "source_digest",
            "tpu_devices"]
 
 #: The slices the compile tier targets (2D tori of 8 chips: what a v5e-8 / v6e-8 host has).
@@ -158,6 +159,16 @@ def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024,
     local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
     return _compile(lambda w, v: kernels.fused_hop(w, v, fmt, interpret=False), (wire, local),
                     mesh, lowered)
+
+
+def compile_on_chip(topology: str, fn: Callable, args, *, lowered: bool = False):
+    """Compile `fn` for one chip of `topology`; `args` are (dtype, shape) pairs, each array
+    placed whole on that chip."""
+    mesh = _mesh(topology, (1,), ("x",))
+    on_chip = NamedSharding(mesh, P())
+    shapes = tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=on_chip)
+                   for dtype, shape in args)
+    return _compile(fn, shapes, mesh, lowered)
 
 
 def compile_gemma(topology: str, all_reduce, *, p: int = 4, layers: int = 1, seq: int = 256,

@@ -4,9 +4,10 @@ So "compiles for TPU" is a fact checked here, not a hope: `compile_matrix(topolo
 every algorithm x format of the XLA path, the 2D torus, the remedies, every Pallas kernel x
 format and the tensor-parallel Gemma forward with libtpu's compilers (`tpu_compile.py`: from a
 CPU machine, nothing runs), and reports each as compiled or with the compiler's first line of
-complaint. `run` is `equarx-ref kernels --compile v5e:2x4`: the table, and with `--read-back`
-the TPU programs read back against the models (`tpu_readback.py`); the TPU compile tier of
-tests/run.sh fails on any error.
+complaint. `run` is `equarx-ref kernels --compile v5e:2x4`: the table, with `--read-back`
+the TPU programs read back against the models (`tpu_readback.py`), with `--bytes` XLA:TPU's
+bytes accessed by the codec and the AllReduces over their floors (`tpu_bytes.py`); the TPU
+compile tier of tests/run.sh fails on any error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import jax
 import equarx_ref as eq
 
 from .._checks import count
+from .tpu_bytes import byte_ratios, format_byte_ratios
 from .tpu_compile import (
     LibtpuMissing,
     compile_all_reduce,
@@ -206,12 +208,12 @@ def format_table(results: list[CompileResult]) -> str:
 
 
 def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
-        read_back_too: bool = False, jobs: int = 1, out=None,
+        read_back_too: bool = False, bytes_mib: float | None = None, jobs: int = 1, out=None,
         progress: Callable[[str], None] | None = None) -> tuple[int, dict]:
     """What `equarx-ref kernels --compile T1,T2` does: compile the matrix for every topology
-    in one process, print the table (and the read-back), return (exit status, JSON report).
-    Status 0 when everything compiled, 1 on any compile error, 2 when libtpu is missing or a
-    topology is unknown (one line on stderr saying which)."""
+    in one process, print the table (and the read-back, the byte ratios), return (exit status,
+    JSON report). Status 0 when everything compiled, 1 on any compile error, 2 when libtpu is
+    missing or a topology is unknown (one line on stderr saying which)."""
     import sys
 
     out = out or sys.stdout
@@ -242,4 +244,7 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
               f"speedup over the bf16 psum: modelled / re-priced with XLA:TPU's bytes, "
               f"HBM part only - all):", file=out)
         print(format_read_back(rows), file=out)
+    if bytes_mib is not None:
+        report["bytes"] = byte_ratios(topologies, mib=bytes_mib, progress=progress)
+        print(format_byte_ratios(report["bytes"]), file=out)
     return (0 if all(r.ok for r in results) else 1), report
