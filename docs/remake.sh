@@ -3,7 +3,7 @@
 # pieces depend on each other (run as root, from a checkout whose tests/run.sh has built .venv):
 #   1. the stored results the pages read (docs/hooks.py refresh: demo, bench, gemma, model,
 #      outliers, sweep, train, train-hops), then
-#   2. the libtpu compile record (tpu.json) with the Python of a jax[tpu] environment
+#   2. the libtpu compile records (tpu.json, tpu-bytes.json) with the Python of a jax[tpu] environment
 #      (.cache/tpu-env, as tests/tpu_compile.sh builds it; nothing runs on a TPU), then
 #   3. the multi-host runs (4 processes in network namespaces with capped links: needs root),
 #   4. every notebook, executed and stored (notebooks/nbtool.py run),
@@ -26,7 +26,7 @@ for step in "${steps[@]}"; do
       # docs/hooks.py imports mkdocs (its page hooks live there too)
       "$tpu_py" -c 'import mkdocs' 2>/dev/null || "$tpu_py" -m pip install -q 'mkdocs>=1.6,<2'
       TPU_SKIP_MDS_QUERY=1 TPU_WORKER_ID=0 TPU_WORKER_HOSTNAMES=localhost JAX_PLATFORMS=cpu \
-        TPU_ACCELERATOR_TYPE=v5litepod-8 "$tpu_py" docs/hooks.py refresh tpu.json ;;
+        TPU_ACCELERATOR_TYPE=v5litepod-8 "$tpu_py" docs/hooks.py refresh tpu.json tpu-bytes.json ;;
     multihost)
       [ "$(id -u)" = 0 ] || { echo "docs/remake.sh: the multi-host runs need root" >&2; exit 2; }
       "$py" docs/hooks.py refresh multihost-100mbit.json multihost-1gbit.json \

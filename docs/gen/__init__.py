@@ -18,7 +18,7 @@ here makes the sections of one source:
 
 from __future__ import annotations
 
-from . import bench, beyond, concepts, course, demo, gemma, layout, model, multihost
+from . import bench, beyond, concepts, course, demo, gemma, layout, model, multihost, tpu
 from .common import Section, install
 
 __all__ = ["GENERATORS", "Section"]
@@ -42,4 +42,5 @@ GENERATORS = {
     "multihost": multihost.results,
     "sweep": beyond.sweep_results,
     "outliers": beyond.outliers_results,
+    "tpu-bytes": tpu.results,
 }

@@ -41,6 +41,9 @@ COMMANDS = {
     # needs libtpu (jax[tpu] of the jax under test): its compilers, run from a CPU machine
     "tpu.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --read-back --jobs 2 "
                  "--json equarx_ref/data/tpu.json"),
+    # the same compilers' bytes accessed by the codec and the AllReduces (runs/tpu_bytes.py)
+    "tpu-bytes.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only none --bytes 1 "
+                       "--json equarx_ref/data/tpu-bytes.json"),
 }
 
 

@@ -48,6 +48,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     "multihost-1gbit": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "multihost-loopback": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "tpu": ("equarx_ref.runs.tpu_matrix",),
+    "tpu-bytes": ("equarx_ref.runs.tpu_matrix", "equarx_ref.runs.tpu_bytes"),
 }
 
 

@@ -141,9 +141,10 @@ def cmd_kernels(args) -> int:
     if args.compile is not None:  # before anything else starts jax's backends: libtpu's env
         from ..runs import tpu_matrix
 
-        if args.only and set(args.only) == {"none"} and not args.read_back:
+        if args.only and set(args.only) == {"none"} and not args.read_back \
+                and args.bytes is None:
             raise ValueError("nothing to run: --only none compiles no family; add --read-back "
-                             "for the read-back alone")
+                             "or --bytes for those alone")
 
         status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,

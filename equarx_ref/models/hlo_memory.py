@@ -33,7 +33,7 @@ import dataclasses
 import math
 import re
 
-__all__ = ["KINDS", "MemoryTraffic", "memory_traffic"]
+__all__ = ["KINDS", "MemoryTraffic", "largest_arrays", "memory_traffic", "tiled_bytes"]
 
 #: The categories of `MemoryTraffic.by_kind`.
 KINDS = ("fusion", "copy", "reshape", "slice", "collective", "other")
@@ -100,6 +100,29 @@ def _array_bytes(dtype: str, dims: str, layout: str | None) -> tuple[float, floa
         if i < len(order):  # the tile's last dimension covers the most minor axis, and so on
             padded[order[i]] = -(-padded[order[i]] // t) * t
     return bits * math.prod(padded) / 8, data, vmem
+
+
+def tiled_bytes(shape: str) -> tuple[float, float]:
+    """(bytes in its tiled layout, bytes of data) of one array as XLA:TPU prints it:
+    `tiled_bytes("u8[32768,34]{1,0:T(8,128)(4,1)}")` is (4194304.0, 1114112.0), each row of 34
+    bytes taking a tile row of 128."""
+    found = _SHAPE.fullmatch(shape.strip())
+    if not found:
+        raise ValueError(f"not an array shape as XLA prints it: {shape!r} (e.g. "
+                         "'u8[32768,34]{1,0:T(8,128)(4,1)}')")
+    tiled, data, _ = _array_bytes(*found.groups())
+    return tiled, data
+
+
+def largest_arrays(hlo_text: str, count: int = 4) -> list[dict]:
+    """The `count` largest distinct array shapes of a compiled program, by tiled bytes: each
+    {"shape" (as XLA printed it, with its layout), "tiled", "data"}."""
+    seen = {}
+    for found in _SHAPE.finditer(hlo_text):
+        if found.group(3) and found.group(2):  # an array with its layout, not a scalar
+            tiled, data, _ = _array_bytes(*found.groups())
+            seen[found.group(0)] = {"shape": found.group(0), "tiled": tiled, "data": data}
+    return sorted(seen.values(), key=lambda a: (-a["tiled"], a["shape"]))[:count]
 
 
 def _computations(hlo_text: str) -> tuple[str, dict[str, list[str]]]:

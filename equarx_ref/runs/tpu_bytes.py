@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 
 from ..formats import Format
+from ..models.hlo_memory import largest_arrays, memory_traffic
 from .bench import BENCH_FORMATS, PROGRAMS, codec_programs, plain_program
 from .tpu_compile import compile_all_reduce, compile_on_chip
 
@@ -61,6 +62,18 @@ def _accessed(compiled) -> float:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("bytes accessed", float("nan")))
+
+
+def _measured(compiled) -> dict:
+    """XLA:TPU's count, and the same count taken apart from the program text
+    (`hlo_memory.memory_traffic`): by kind of op, in VMEM, and its tile padding; and the
+    program's largest arrays with the layouts XLA:TPU gave them."""
+    text = compiled.as_text()
+    traffic = memory_traffic(text)
+    return {"bytes_accessed": _accessed(compiled),
+            "traffic": {"tally": traffic.total, "by_kind": traffic.by_kind,
+                        "vmem": traffic.vmem, "hbm": traffic.hbm, "padding": traffic.padding},
+            "largest_arrays": largest_arrays(text)}
 
 
 def _values(mib: float) -> int:
@@ -85,9 +98,10 @@ def codec_bytes(topology: str, *, mib: float = 16, formats=BENCH_FORMATS,
     for prog in progs:
         if progress:
             progress(f"{topology} bytes: {prog.name} {prog.fmt}")
-        accessed = _accessed(compile_on_chip(topology, prog.fn, prog.args))
+        measured = _measured(compile_on_chip(topology, prog.fn, prog.args))
+        accessed = measured["bytes_accessed"]
         rows.append({"topology": topology, "program": prog.name, "format": prog.fmt,
-                     "mib": mib, "n": n, "bytes_accessed": accessed,
+                     "mib": mib, "n": n, **measured,
                      "fewest_bytes": prog.fewest_bytes, "ratio": accessed / prog.fewest_bytes})
     return rows
 
@@ -106,11 +120,12 @@ def all_reduce_bytes(topology: str, *, mib: float = 16, p: int = 8, algorithms=A
         if progress:
             progress(f"{topology} bytes: {algorithm} {name or 'bf16'} p={p}")
         fmt = None if name is None else Format.parse(name)
-        accessed = _accessed(compile_all_reduce(topology, n=n, p=p, fmt=fmt,
+        measured = _measured(compile_all_reduce(topology, n=n, p=p, fmt=fmt,
                                                 algorithm=algorithm))
+        accessed = measured["bytes_accessed"]
         rows.append({"topology": topology, "algorithm": algorithm,
                      "format": "bfloat16" if fmt is None else str(fmt), "mib": mib, "n": n,
-                     "p": p, "bytes_accessed": accessed, "fewest_bytes": 4 * n,
+                     "p": p, **measured, "fewest_bytes": 4 * n,
                      "ratio": accessed / (4 * n)})
     for r in rows:
         r["to_psum"] = r["bytes_accessed"] / rows[0]["bytes_accessed"]

@@ -1,0 +1,56 @@
+"""XLA:TPU's own count on the site: the bytes the codec and the AllReduces touch, from
+tpu-bytes.json (`runs.tpu_bytes` through `equarx-ref kernels --compile ... --bytes`).
+
+libtpu compiled these programs on a CPU machine; nothing ran on a TPU. Each ratio is
+`cost_analysis()["bytes accessed"]` over the fewest bytes the program must move (codec), or over
+`lax.psum`'s bytes accessed for the same array (AllReduce).
+"""
+
+from __future__ import annotations
+
+from .commands import command_block
+from .common import Section, load, table
+
+
+def codec_table(report: dict) -> str:
+    """One line per topology and format: encode, decode and hop over their fewest bytes, with
+    the part that reaches HBM and the tiles' padding (`hlo_memory.memory_traffic`)."""
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in report["codec"]:
+        cells.setdefault((r["topology"], r["format"]), {})[r["program"]] = r
+    rows = []
+    for (topology, fmt), by in cells.items():
+        for program, r in by.items():
+            rows.append([topology, "`x + 1` (bf16)" if program == "x + 1" else f"`{fmt}`",
+                         program, f"{r['ratio']:.1f}x",
+                         f"{r['traffic']['hbm'] / r['fewest_bytes']:.1f}x",
+                         f"{r['traffic']['padding']:.2f}x"])
+    return table(["topology", "format", "program", "bytes accessed / fewest",
+                  "of which HBM / fewest", "tile padding"], rows)
+
+
+def all_reduce_table(report: dict) -> str:
+    """One line per topology and format: each algorithm's bytes accessed over psum's."""
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in report["all_reduce"]
+                                    if r["algorithm"] != "psum"))
+    cells: dict[tuple[str, str], dict[str, float]] = {}
+    for r in report["all_reduce"]:
+        if r["algorithm"] != "psum":
+            cells.setdefault((r["topology"], r["format"]), {})[r["algorithm"]] = r["to_psum"]
+    return table(["topology", "format", *algorithms],
+                 [[t, f"`{f}`", *(f"{by[a]:.1f}x" for a in algorithms)]
+                  for (t, f), by in cells.items()])
+
+
+def results() -> Section:
+    stored = load("tpu-bytes.json")
+    report = stored["bytes"]
+    return Section(
+        f"{command_block('tpu-bytes.json')}\n\nlibtpu {stored['libtpu']} (jax {stored['jax']}), "
+        f"compiled on a CPU machine, nothing run on a TPU; {report['mib']:g} MiB of bf16 "
+        "(per chip for the AllReduces, "
+        f"p = {report['p']}). The codec's programs over the fewest bytes each must move (each "
+        "input read once, each output written once); the project's target is "
+        f"{report['target']:g}x or less:\n\n{codec_table(report)}\n\n"
+        f"The AllReduces (the XLA path) over `lax.psum`'s bytes accessed:\n\n"
+        f"{all_reduce_table(report)}\n")
