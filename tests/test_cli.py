@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference as ref
 
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli
+from equarx_ref import spec as ref
 from equarx_ref.viz import draw_schedule
 
 

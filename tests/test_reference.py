@@ -1,4 +1,4 @@
-"""Every format, bitwise, against the independent NumPy + ml_dtypes reference (tests/reference.py):
+"""Every format, bitwise, against the spec (equarx_ref.spec: NumPy + ml_dtypes, no jax):
 stored scales, payload bytes, wire bytes and dequantized values, under jit and eagerly.
 
 The data: Gaussian blocks over twelve decades, bf16-valued blocks (amax / elem_max is then often
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-import reference as ref
 
 import equarx_ref as eq
+from equarx_ref import spec as ref
 from equarx_ref.wire import encode, to_bytes
 
 FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "mxint8",
@@ -194,9 +194,7 @@ def _check(name, mode, kinds):
            np.any(np.isfinite(values), axis=1) & ~fin, want.values, values)
     # the wire buffer, block after block: its payload bytes, then its scale's bytes (NaN bit
     # patterns may vary)
-    ref_wire = np.concatenate([want.payload, ref.scale_bytes(want.scales)], axis=1).ravel()
-    compare = np.concatenate([np.ones(want.payload.shape, bool),
-                              np.repeat(fin[:, None], fmt.scale_bytes, axis=1)], axis=1).ravel()
+    ref_wire, compare = ref.wire_bytes(want), ref.fixed_bytes(want)
     if not errors and not np.array_equal(wire[compare], ref_wire[compare]):
         errors.append(f"{name} {mode}: to_bytes is not block after block (payload, scale)")
     if not np.array_equal(encoded.ravel(), wire):

@@ -1,0 +1,42 @@
+"""The spec: what every codec and collective of equarx-ref must return, bit for bit.
+
+NumPy and ml_dtypes only, no jax, written from the rules and never from the package's code:
+the oracle the package, its backend-tuned codecs and its kernels are proven bitwise against,
+and the one users can run without jax. It reads a format from its public fields only (`name`,
+`block_size`, `scale_dtype`, `scale_rule`: the package's `Format`, or any object with them)
+and a schedule as plain data (sums.py).
+
+The rules, for each block of B f32 values x (formats.py, scale.py, elements.py, quantize.py):
+
+    amax    = max |x|
+    scale   bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax
+            E8M0 (MX): 2^ceil(log2(amax / elem_max)), or OCP MX v1.0's floor rule
+    element = round(|x| / s) onto the grid, nearest, ties to the even code, with x's sign
+    x'      = element * s, saturated to f32's finite range
+    bytes   per block its packed payload, then its scale's bytes (wire.py)
+
+and the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
+in f32 in the schedule's order; the owner keeps exactly what the others receive.
+
+Exactness. Inputs are f32 (24 significant bits), bf16 scales carry 8, f32 scales 24, grid
+values and their midpoints at most 13: every product of a grid value (or midpoint) and a
+scale fits the 53 bits of a float64, so `midpoint * s` against `|x|` and `s * elem_max`
+against `amax` are exact comparisons, and no division is ever rounded into a decision: a
+quotient is at most a first guess, and exact comparisons settle the answer.
+
+Edge cases: an all-zero block has scale 0 (E8M0: 2^-127) and a zero payload; a block whose
+amax / elem_max is below f32's smallest normal gets scale 0; a NaN or infinity makes the
+block's scale non-finite (E8M0: the NaN byte 255), its payload 0 and its values NaN;
+dequantized values saturate to f32's finite range.
+"""
+
+from .elements import nearest, pack, unpack
+from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int
+from .quantize import SpecQuantized, quantize_blocks, round_trip, to_blocks
+from .scale import block_scale
+from .sums import all_reduce
+from .wire import fixed_bytes, scale_bytes, wire_bytes
+
+__all__ = ["E8M0_BIAS", "ELEMENTS", "F32_MAX", "F32_TINY", "SpecQuantized", "all_reduce",
+           "block_scale", "fixed_bytes", "grid", "is_int", "nearest", "pack", "quantize_blocks",
+           "round_trip", "scale_bytes", "to_blocks", "unpack", "wire_bytes"]
