@@ -233,7 +233,12 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # lies above +inf, so a NaN decides its block. (A float max would not do: XLA:CPU's
     # vectorised max can drop a NaN, measured on jax 0.10.2, and a second reduction to find
     # it cost half again the max's time.)
-    bits = lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF
+    # A subnormal input reads as a zero of its sign (XLA:CPU and TPUs flush it; GPUs would
+    # not): decided on its exponent bits, the same on every backend.
+    bits = lax.bitcast_convert_type(xb, jnp.int32)
+    subnormal = (bits & 0x7F800000) == 0
+    xb = jnp.where(subnormal, lax.bitcast_convert_type(bits & ~0x7FFFFFFF, jnp.float32), xb)
+    bits = jnp.where(subnormal, 0, bits & 0x7FFFFFFF)
     amax = lax.bitcast_convert_type(jnp.max(bits, axis=-1), jnp.float32)
     stored, s, inv = block_scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]

@@ -63,6 +63,20 @@ def split(s: jax.Array) -> tuple[jax.Array, jax.Array]:
     return head, s - head
 
 
+def tiny_exponent(fmt: Format) -> int:
+    """The tiny-block threshold as a biased f32 exponent (the spec's `tiny_exponent`): a block
+    is tiny when its amax's exponent field is below emax_elem + 2 - g, 2^g the grid's smallest
+    positive value, so that every value any other block dequantizes to is a normal f32."""
+    g = 0 if fmt.is_int else fmt.min_exponent - fmt.mant_bits
+    return fmt.emax_elem + 2 - g
+
+
+def is_tiny(amax: jax.Array, fmt: Format) -> jax.Array:
+    """amax (non-negative, or NaN) below the format's tiny threshold: read off its exponent
+    bits, an integer comparison that no flushing of subnormals can change."""
+    return lax.bitcast_convert_type(amax, jnp.int32) >> 23 < tiny_exponent(fmt)
+
+
 def _lift(amax: jax.Array) -> jax.Array:
     """A power of two per block that lifts a tiny block (amax < 2^-60) by 2^64, else 1.
 
@@ -116,18 +130,20 @@ def block_scales(amax: jax.Array,
     """Per block: (stored scale, scale as f32, None) for bf16/f32 scales; (E8M0 code, None,
     the exact power of two taking x to element units) for MX."""
     finite = jnp.isfinite(amax)
+    tiny = is_tiny(amax, fmt)  # the all-zero block among them
     if fmt.scale_dtype == "e8m0":
         # amax in [2^(e-1), 2^e) and elem_max in [2^f, 2^(f+1)), f = emax_elem.
         _, e = jnp.frexp(amax)
         f = fmt.emax_elem
         if fmt.scale_rule == "floor":  # OCP MX v1.0: floor(log2 amax) - emax_elem, may clip
-            k = jnp.where(amax > 0, jnp.clip(e - 1 - f, -E8M0_BIAS, 127), -E8M0_BIAS)
+            k = jnp.where(tiny, -E8M0_BIAS, jnp.clip(e - 1 - f, -E8M0_BIAS, 127))
         else:  # k = ceil(log2(amax / elem_max)), exactly: k in {e-f-1, e-f}, one comparison
             k = jnp.clip(e - f - 1, -E8M0_BIAS, 126)
             k = jnp.where(amax * pow2(-k) > fmt.elem_max, k + 1, k)
-            k = jnp.where(amax > 0, jnp.clip(k, -E8M0_BIAS, 126), -E8M0_BIAS)
+            k = jnp.where(tiny, -E8M0_BIAS, jnp.clip(k, -E8M0_BIAS, 126))
         code = jnp.where(finite, k + E8M0_BIAS, 255).astype(jnp.uint8)  # 255 is E8M0's NaN
         inv = jnp.where(finite, pow2(jnp.clip(-k, -126, 127)), jnp.nan)
+        inv = jnp.where(tiny, 0.0, inv)  # a tiny block's payload is zero
         return code, None, inv
     # The smallest scale-dtype value s with s * elem_max >= amax. Estimate it (XLA multiplies
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
@@ -160,8 +176,8 @@ def block_scales(amax: jax.Array,
     else:
         past = product_vs(fmt.elem_max, split(s.astype(jnp.float32)), big) > 0
     s = jnp.where(past, _step(s, up=False), s)
-    # Below f32's smallest normal, XLA:CPU would flush the scale anyway: store an exact zero.
-    s = jnp.where(s.astype(jnp.float32) < np.finfo(np.float32).tiny, jnp.zeros((), dtype), s)
+    # A tiny block (decided on amax's exponent bits, never on a flushed product) stores 0.
+    s = jnp.where(tiny, jnp.zeros((), dtype), s)
     return s, s.astype(jnp.float32), None
 
 

@@ -93,13 +93,23 @@ def _non_finite_blocks(B):
     return np.stack([nan, inf])
 
 
-def _tiny_blocks(fmt):
-    """Constant-magnitude blocks around the documented threshold amax / elem_max = f32's
-    smallest normal (below it: scale 0, and we say a zero payload), and just above it."""
-    emax = ref.grid(fmt.name)[0][-1]
-    signs = np.where(np.arange(fmt.block_size) % 3 == 0, -1, 1)
-    amaxes = [1e-37, ref.F32_TINY * emax * (1 - 2.0**-10), ref.F32_TINY * emax * (1 + 2.0**-10)]
-    return np.stack([np.float32(a) * signs for a in amaxes]).astype(np.float32)
+def _tiny_blocks(fmt, rng):
+    """Blocks around the tiny threshold 2^T (T from amax's exponent bits: spec.tiny_exponent;
+    below it: scale 0, E8M0 2^-127, and a zero payload), and blocks above it holding
+    subnormal inputs (read as zeros of their sign) and values down to the grid's smallest
+    step (dequantized values near f32's smallest normal)."""
+    B = fmt.block_size
+    top = 2.0 ** (ref.tiny_exponent(fmt.name) - 127)
+    signs = np.where(np.arange(B) % 3 == 0, -1, 1)
+    amaxes = [1e-37, 1.49e-36, top * (1 - 2.0**-10), top * (1 - 2.0**-24), top,
+              top * (1 + 2.0**-10)]
+    rows = [np.float32(a) * signs for a in amaxes]
+    for amax in (top, top * 1.5, top * 2**10):
+        row = rng.uniform(-1, 1, B) * amax * 2.0 ** -rng.integers(0, 24, B)
+        row[rng.random(B) < 0.3] = rng.uniform(-1, 1) * ref.F32_TINY  # subnormal inputs
+        row[0] = amax
+        rows.append(row)
+    return np.stack(rows).astype(np.float32)
 
 
 def _small_blocks(rng, B):
@@ -142,10 +152,7 @@ def dataset(name):
         "near max": _near_max_blocks(rng, B),
         "huge": _huge_blocks(fmt, rng, B),
     }
-    if fmt.is_mx:  # E8M0 scales reach 2^-127 (the exponent clips there): no zero-scale rule
-        data["tiny (E8M0)"] = np.stack([np.full(B, 1e-37), np.full(B, -3e-37)])
-    else:
-        data["tiny"] = _tiny_blocks(fmt)
+    data["tiny"] = _tiny_blocks(fmt, rng)
     return {k: np.asarray(v, np.float32) for k, v in data.items()}
 
 
@@ -203,7 +210,7 @@ def _check(name, mode, kinds):
 
 
 REGULAR = ["gaussian", "bf16-valued", "student-t(2)", "lognormal(0, 3)", "ties", "issue 8",
-           "all-zero", "tiny (E8M0)", "huge"]
+           "all-zero", "tiny", "huge"]
 
 
 @pytest.mark.parametrize("name,mode", [(n, m) for n in FORMATS for m in ("jit", "eager")]
@@ -247,13 +254,21 @@ def test_blocks_near_f32_max_stay_within_the_bound(name):
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
-@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3"])
+@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3", "fp8_e5m2", "mxfp8",
+                                  "mxfp4/floor"])
 def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
-    """amax / elem_max below f32's smallest normal: scale 0, dequantized zeros, and (like an
-    all-zero block) a zero payload: with scale 0, x / s means nothing. Just above it the rule
-    gives the smallest normal scale that covers amax."""
+    """amax below the format's tiny threshold (decided on amax's exponent bits, the same on
+    every backend): scale 0 (E8M0: 2^-127), dequantized zeros, and (like an all-zero block) a
+    zero payload. Just above it the usual rules, every dequantized value a normal f32; a
+    subnormal input reads as a zero of its sign."""
     errors = _check(name, mode, ["tiny"])
     assert not errors, "\n".join(errors)
+    fmt = eq.Format.parse(name)
+    x = dataset(name)["tiny"]
+    y = np.abs(np.asarray(eq.dequantize(eq.quantize(jnp.asarray(x), fmt))))
+    assert np.all((y == 0) | (y >= ref.F32_TINY)), "a subnormal dequantized value"
+    below = np.abs(x).max(axis=1) < 2.0 ** (ref.tiny_exponent(fmt.name) - 127)
+    assert below.sum() >= 2 and np.all(y[below] == 0) and np.all(y[~below].max(axis=1) > 0)
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])

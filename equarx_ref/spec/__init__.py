@@ -31,7 +31,7 @@ dequantized values saturate to f32's finite range.
 """
 
 from .elements import nearest, pack, unpack
-from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int
+from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int, tiny_exponent
 from .quantize import SpecQuantized, quantize_blocks, round_trip, to_blocks
 from .scale import block_scale
 from .sums import all_reduce
@@ -39,4 +39,4 @@ from .wire import fixed_bytes, scale_bytes, wire_bytes
 
 __all__ = ["E8M0_BIAS", "ELEMENTS", "F32_MAX", "F32_TINY", "SpecQuantized", "all_reduce",
            "block_scale", "fixed_bytes", "grid", "is_int", "nearest", "pack", "quantize_blocks",
-           "round_trip", "scale_bytes", "to_blocks", "unpack", "wire_bytes"]
+           "round_trip", "scale_bytes", "tiny_exponent", "to_blocks", "unpack", "wire_bytes"]

@@ -44,6 +44,18 @@ def grid(name: str) -> tuple[np.ndarray, int]:
     return values, bits
 
 
+def tiny_exponent(name: str) -> int:
+    """The tiny-block threshold as a biased f32 exponent: a block is tiny when its amax's
+    exponent field (bits 23..30) is below it, i.e. amax < 2^(emax_elem + 1 - g - 126), with
+    2^emax_elem <= elem_max < 2^(emax_elem + 1) and 2^g the grid's smallest positive value.
+    Any other block's scale s has s * 2^g >= 2^-125: every value it dequantizes to is a
+    normal f32, and a subnormal input is below half its smallest step."""
+    G, _ = grid(name)
+    emax_elem = int(np.frexp(G[-1])[1]) - 1
+    g = int(np.frexp(G[1])[1]) - 1  # G[1] is a power of two: 1, or a float grid's 2^(emin-m)
+    return emax_elem + 2 - g
+
+
 def is_int(name: str) -> bool:
     """Symmetric integer elements (two's complement codes), else a float grid."""
     return ELEMENTS[name][0] is None

@@ -4,9 +4,11 @@
     scale = scale.py's rule            element = elements.py's rounding of |x| / s
     x'    = +-grid[element] * s        (float64, exact; saturated to f32's finite range)
 
-Edge cases: an all-zero block has scale 0 (E8M0: 2^-127) and a zero payload; a block whose
-amax / elem_max is below f32's smallest normal gets scale 0; a NaN or infinity makes the
-block's scale non-finite (E8M0: the NaN byte 255), its payload 0 and its values NaN.
+Edge cases: a subnormal input reads as a zero of its sign; a tiny block (amax below a power of
+two fixed by the format, `formats.tiny_exponent`; all-zero blocks among them) has scale 0
+(E8M0: 2^-127) and a zero payload (a float code keeps the value's sign: -0); a NaN or
+infinity makes the block's scale non-finite (E8M0: the NaN byte 255), its payload 0 and its
+values NaN.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from .elements import codes as element_codes
 from .elements import nearest, pack
-from .formats import F32_MAX, grid, is_int
+from .formats import F32_MAX, F32_TINY, grid, is_int, tiny_exponent
 from .scale import block_scale
 
 
@@ -36,12 +38,16 @@ def quantize_blocks(x: np.ndarray, fmt) -> SpecQuantized:
     """The spec's quantizer for f32 blocks `x` of shape `[blocks, fmt.block_size]`."""
     x = np.asarray(x, np.float32)
     assert x.ndim == 2 and x.shape[1] == fmt.block_size
+    x = np.where(np.abs(x) < F32_TINY, np.copysign(np.float32(0), x), x)  # subnormal: +-0
     G, bits = grid(fmt.name)
     emax = float(G[-1])
     a = np.abs(x.astype(np.float64))
     amax = a.max(axis=1)
     finite = np.isfinite(amax)
-    stored, s = block_scale(amax, fmt, emax)
+    exponent = (amax.astype(np.float32).view(np.uint32) >> 23) & 0xFF  # amax's exponent bits
+    tiny = finite & (exponent < tiny_exponent(fmt.name))
+    stored, s = block_scale(amax, fmt, emax, tiny)
+    s = np.where(tiny, 0.0, s)  # a tiny block carries a zero payload (E8M0: its scale 2^-127)
 
     a = np.where(finite[:, None], a, 0.0)
     a = np.minimum(a, emax * s[:, None])  # saturate (floor rule, a scale stepped down, 2^-127)

@@ -37,7 +37,7 @@ def e8m0_exponent(amax: np.ndarray, emax: float) -> np.ndarray:
 
 def smallest_covering(amax: np.ndarray, emax: float, scale_type: str) -> np.ndarray:
     """The smallest scale_type value s >= f32's smallest normal with s * emax >= amax (amax > 0,
-    finite). Below that normal the scale is 0 anyway (the caller's rule), so the search stops."""
+    finite). A block needing less is tiny (the caller's rule), so the search stops there."""
     dtype, bits = SCALE_TYPES[scale_type]
     floor = int(np.asarray(F32_TINY, dtype).view(bits))
     guess = np.maximum(amax / emax, F32_TINY).astype(dtype).view(bits).astype(np.int64)
@@ -56,12 +56,14 @@ def smallest_covering(amax: np.ndarray, emax: float, scale_type: str) -> np.ndar
     return value(b)
 
 
-def block_scale(amax: np.ndarray, fmt, emax: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per block, from amax (float64, NaN or inf for a non-finite block): (the stored scale:
-    a bf16/f32 value or an E8M0 byte, the scale's value s as float64; 0 where no grid value
-    is scaled)."""
+def block_scale(amax: np.ndarray, fmt, emax: float,
+                tiny: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, from amax (float64, NaN or inf for a non-finite block) and whether the block
+    is tiny (`formats.tiny_exponent`): (the stored scale, a bf16/f32 value or an E8M0 byte;
+    the scale's value s as float64). A tiny block (the all-zero one among them) stores 0, or
+    E8M0's smallest exponent, 2^-127."""
     finite = np.isfinite(amax)
-    amax_f = np.where(finite, amax, 0.0)
+    amax_f = np.where(finite & ~tiny, amax, 0.0)
     if fmt.scale_dtype == "e8m0":
         if scale_rule(fmt) == "floor":
             _, e = np.frexp(np.where(amax_f > 0, amax_f, 1.0))  # amax in [2^(e-1), 2^e)
@@ -69,13 +71,12 @@ def block_scale(amax: np.ndarray, fmt, emax: float) -> tuple[np.ndarray, np.ndar
             k = np.clip(e.astype(np.int64) - 1 - (f - 1), -E8M0_BIAS, 127)
         else:
             k = np.clip(e8m0_exponent(amax_f, emax), -E8M0_BIAS, 127)
-        k = np.where(amax_f > 0, k, -E8M0_BIAS)  # all-zero block: the smallest exponent
+        k = np.where(amax_f > 0, k, -E8M0_BIAS)  # tiny block: the smallest exponent
         stored = np.where(finite, k + E8M0_BIAS, 255).astype(np.uint8)  # 255: E8M0's NaN
         return stored, pow2(k)
     dtype, bits = SCALE_TYPES[fmt.scale_dtype]
     positive = np.where(amax_f > 0, amax_f, 1.0)
     s = np.where(amax_f > 0, smallest_covering(positive, emax, fmt.scale_dtype), 0.0)
-    s = np.where(amax_f < F32_TINY * emax, 0.0, s)  # amax / emax below f32's normals
     # the top grid value past f32's maximum: the scale one step below (elements saturate)
     below = np.maximum(s, F32_TINY).astype(dtype).view(bits)
     below = (below - 1).view(dtype).astype(np.float64)
