@@ -84,7 +84,8 @@ def _pack_groups(groups: jax.Array, bits: int, axis: int) -> jax.Array:
 
 
 def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
-    """Inverse of `_pack_groups` for widths other than 4 and 8: uint8 [..., PB] -> int32 codes [..., PB * 8 / bits]."""
+    """Inverse of `_pack_groups` for widths other than 4 and 8: uint8 [..., PB] -> int32
+    codes [..., PB * 8 / bits]."""
     g, nb = _group(bits)
     if g * bits <= 32:
         raw = payload.astype(jnp.int32).reshape(*payload.shape[:-1], -1, nb)  # [..., B/g, nb]
