@@ -7,7 +7,11 @@ For each block of `B` consecutive values (a `Format` fixes B, the element grid a
     q     = round(x / s)  onto the element grid       (nearest, ties to even; or stochastic)
     x'    = q * s                                     (dequantize, in f32)
 
-Both rules hold exactly, under `jit` and eagerly alike. The scale is scales.py's: the exact
+Both rules hold exactly, under `jit` and eagerly alike, on every backend: no decision depends on
+the float environment. The one division, 1/s (`scales.reciprocal`), is only an estimate, and
+every product that feeds an addition or a comparison is exact in f32 (a midpoint has at most 13
+bits, a bf16 scale 8, an f32 scale is split in 12-bit halves), so fusing it into an FMA (XLA:CPU
+contracts a*b + c) removes a rounding that never happened. The scale is scales.py's: the exact
 smallest cover of amax, or an MX power of two. The rounding takes the same care: XLA turns a
 division by a broadcast into a multiplication by a rounded reciprocal, which can land on the
 wrong side of a rounding tie, so the quantizer estimates with the reciprocal and then settles
@@ -24,10 +28,12 @@ error model built on these bounds is in models/error.py.
 Edge cases, all deliberate:
 - An all-zero block has scale 0 (E8M0: the smallest exponent, 2^-127) and a zero payload, and
   dequantizes to exact zeros.
-- A block whose amax / elem_max falls below f32's smallest normal number (~1.2e-38, so amax below
-  ~1.5e-36 for int8) gets a zero scale, because XLA:CPU flushes subnormal floats to zero; it
-  dequantizes to zeros. That is an absolute error under 1.5e-36, tested, and far below any
-  activation that matters. E8M0 scales reach 2^-127 and keep such blocks.
+- A subnormal input reads as a zero of its sign, and a block whose amax lies below the format's
+  tiny threshold, 2^(emax_elem + 1 - g - 126) with 2^g its grid's smallest step (int8: 2^-119,
+  1.5e-36; fp8_e4m3: 2^-108, 3e-33), stores scale 0 (E8M0: 2^-127) and a zero payload: it
+  dequantizes to zeros. Both are decided on exponent bits, so that no backend's flushing of
+  subnormals (XLA:CPU and TPUs flush, GPUs do not) can change a bit, and every other block
+  dequantizes to normal f32 values only.
 - A finite block near f32's maximum stays finite and within the format's bound. Where the
   covering scale s would put the grid's top value past f32's maximum (s * elem_max > 3.4e38),
   the scale is the step below it instead, the largest whose top value is finite, and elements
@@ -71,7 +77,7 @@ from jax import lax
 
 from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
-from .scales import apply_scale, block_scales, pow2, range_factor, split
+from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split
 
 __all__ = ["Quantized", "dequantize", "quantize"]
 
@@ -251,7 +257,7 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
     factor = range_factor(s, fmt)  # x and s scaled alike by a power of two: same ratios
     s = s * factor
-    inv = jnp.where(s > 0, 1.0 / s, 0.0)[..., None]
+    inv = jnp.where(s > 0, reciprocal(s), 0.0)[..., None]  # an estimate (`reciprocal`)
     xb, s = xb * factor[..., None], s[..., None]
     v = jnp.where(finite, xb * inv, 0.0)
     if key is not None:
@@ -272,10 +278,10 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
         A `Quantized` pytree; `dequantize` restores an f32 array of `x`'s shape.
 
     Edge cases (module essay): an all-zero block comes back exact zeros; a block with a NaN or
-    Inf comes back all NaN, other blocks untouched; a block whose largest magnitude is below
-    about 1e-36 (int8; amax / elem_max under f32's smallest normal) comes back as zeros with
-    bf16 or f32 scales, because XLA:CPU flushes subnormals, while E8M0 (MX) scales keep it;
-    a finite block stays finite, even next to f32's maximum.
+    Inf comes back all NaN, other blocks untouched; a tiny block (largest magnitude below the
+    format's threshold, decided on its exponent bits: int8 2^-119, about 1.5e-36) comes back
+    as zeros, and a subnormal input as a zero of its sign; a finite block stays finite, even
+    next to f32's maximum.
     """
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")

@@ -9,9 +9,12 @@ constant into a multiplication by a rounded reciprocal, which can land one scale
 or too low. So `block_scales` estimates with the reciprocal and then settles the close calls
 with exact comparisons: with a bf16 scale (8 significant bits) the product s * elem_max is
 exact in f32 and a plain comparison decides; an f32 scale is split into a 12-bit head and its
-exact tail first (`split`, `product_vs`). The quantizer (quantize.py) uses the same helpers to
-round each value exactly, and `range_factor` keeps every product and difference there out of the
-subnormal range, which XLA:CPU flushes to zero.
+exact tail first (`split`, `product_vs`). Every such product is exact, so a fused multiply-add
+(XLA:CPU contracts a*b + c) cannot change a comparison, and the estimate may be a few ulps off
+(`reciprocal`: XLA:GPU's 1/y is not always correctly rounded): the steps cover it. The
+quantizer (quantize.py) uses the same helpers to round each value exactly, and `range_factor`
+keeps every product and difference there out of the subnormal range, which XLA:CPU flushes to
+zero and GPUs keep.
 
 Scales are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above
 amax / elem_max, which is all the precision a coarse scale costs.
@@ -21,9 +24,9 @@ k = ceil(log2(amax / elem_max)), so nothing clips; with `scale_rule="floor"` OCP
 k = floor(log2(amax)) - emax_elem, and the elements that land above elem_max saturate to it
 (see formats.py for the trade-off).
 
-The scales of the edge cases (quantize.py's essay says what becomes of their values): an
-all-zero block gets 0 (E8M0: 2^-127); a block whose amax / elem_max falls below f32's smallest
-normal gets 0 too, since XLA:CPU would flush it (E8M0 reaches 2^-127 and keeps it); near f32's
+The scales of the edge cases (quantize.py's essay says what becomes of their values): a tiny
+block (`is_tiny`, read off amax's exponent bits; the all-zero block among them) gets 0 (E8M0:
+2^-127, its smallest); near f32's
 maximum, where s * elem_max would pass 3.4e38, the step below, the largest scale whose grid
 top stays finite; a block with a NaN or infinity a non-finite scale (E8M0: 255, its NaN).
 """
@@ -45,6 +48,13 @@ E8M0_BIAS = 127
 def pow2(k: jax.Array) -> jax.Array:
     """2.0**k in f32, exact, for integer k in [-126, 127] (built from the exponent bits)."""
     return lax.bitcast_convert_type(((k + 127) << 23).astype(jnp.int32), jnp.float32)
+
+
+def reciprocal(s: jax.Array) -> jax.Array:
+    """1 / s as the backend computes it: an estimate, never a decision. XLA:GPU's is correctly
+    rounded for only 87% of values; every caller settles its answer with exact comparisons
+    that hold whatever this estimate's last few bits (tests perturb it by +-2 ulps)."""
+    return 1.0 / s
 
 
 def significant_bits(value: float) -> int:
@@ -147,8 +157,9 @@ def block_scales(amax: jax.Array,
         return code, None, inv
     # The smallest scale-dtype value s with s * elem_max >= amax. Estimate it (XLA multiplies
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
-    # and up while s does not. The estimate is within two f32 ulps of amax / elem_max: one
-    # step each way for a bf16 scale (its steps are 2^16 ulps), two for an f32 scale.
+    # and up while s does not. The estimate is within a few f32 ulps of amax / elem_max (two,
+    # and two more if the reciprocal's last bits are off, as XLA:GPU's may be): one step each
+    # way for a bf16 scale (its steps are 2^16 ulps), four for an f32 scale.
     # (Under jax 0.12, XLA:CPU recomputes these per-block operations for every element of the
     # block inside the quantizer's loop, so their number matters.)
     dtype = jnp.dtype(fmt.scale_dtype)
@@ -162,10 +173,11 @@ def block_scales(amax: jax.Array,
             return s * fmt.elem_max >= amax * lift
         return product_vs(fmt.elem_max, split(s), amax * lift) >= 0
 
-    s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
-    for _ in range(1 if bf16 else 2):
+    # (a NaN/inf amax gives a NaN/inf scale)
+    s = _round_up(amax * reciprocal(jnp.float32(fmt.elem_max)), dtype)
+    for _ in range(1 if bf16 else 4):
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
-    for _ in range(1 if bf16 else 2):
+    for _ in range(1 if bf16 else 4):
         s = jnp.where(covers(s) | ~finite, s, _step(s, up=True))
     # Near f32's maximum the grid's top value times that scale passes 3.4e38, where the exact
     # rounding cannot compare: take one step down, the largest scale whose top stays finite

@@ -24,10 +24,23 @@ scale fits the 53 bits of a float64, so `midpoint * s` against `|x|` and `s * el
 against `amax` are exact comparisons, and no division is ever rounded into a decision: a
 quotient is at most a first guess, and exact comparisons settle the answer.
 
-Edge cases: an all-zero block has scale 0 (E8M0: 2^-127) and a zero payload; a block whose
-amax / elem_max is below f32's smallest normal gets scale 0; a NaN or infinity makes the
-block's scale non-finite (E8M0: the NaN byte 255), its payload 0 and its values NaN;
-dequantized values saturate to f32's finite range.
+No rule depends on the float environment. Backends differ: XLA:CPU and TPUs flush subnormal
+inputs and results to zero, GPUs keep them; XLA:CPU contracts a*b + c into one FMA rounding;
+XLA:GPU's x/y and 1/y are not always correctly rounded. So:
+
+- a subnormal input reads as a zero of its sign, and a block is tiny when amax's exponent
+  field is below `tiny_exponent` (amax < 2^(emax_elem + 1 - g - 126), 2^g the grid's
+  smallest step): it stores scale 0 (E8M0: 2^-127) and a zero payload. Both are integer
+  tests of exponent bits; every other block's scale makes every value it dequantizes to a
+  normal f32, so no result is ever subnormal either;
+- every product that feeds an addition or a comparison is exact in f32 (the package's JAX
+  code splits an f32 scale into 12-bit halves for that), so contracting it into an FMA
+  changes nothing;
+- a division or reciprocal is only ever an estimate; exact comparisons settle every case
+  whatever its last few bits.
+
+Edge cases: a NaN or infinity makes the block's scale non-finite (E8M0: the NaN byte 255),
+its payload 0 and its values NaN; dequantized values saturate to f32's finite range.
 """
 
 from .elements import nearest, pack, unpack
