@@ -15,8 +15,9 @@ The rules, for each block of B f32 values x (formats.py, scale.py, elements.py, 
     x'      = element * s, saturated to f32's finite range
     bytes   per block its packed payload, then its scale's bytes (wire.py)
 
-and the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
-in f32 in the schedule's order; the owner keeps exactly what the others receive.
+the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
+in f32 in the schedule's order; the owner keeps exactly what the others receive; and the data
+classes every codec is checked on (data.py, `equarx-ref check`).
 
 Exactness. Inputs are f32 (24 significant bits), bf16 scales carry 8, f32 scales 24, grid
 values and their midpoints at most 13: every product of a grid value (or midpoint) and a
