@@ -17,7 +17,10 @@ division by a broadcast into a multiplication by a rounded reciprocal, which can
 wrong side of a rounding tie, so the quantizer estimates with the reciprocal and then settles
 every close call with one exact comparison: with a bf16 scale (8 significant bits) a midpoint
 times the scale, (q +- 1/2) s, is exact in f32, so a plain comparison with x decides; an f32
-scale is split into two halves first (`scales.split`). The grid values then travel as packed
+scale is split into two halves first (`scales.split`). Stochastic rounding is exact the same way
+(`_stochastic_codes`: up from the grid value below, lo, when |x| - lo s >= (1 - u) step s, for
+bf16 and power-of-two scales; with an f32 scale the estimate x fl(1/s) + u still decides, an
+open item of issue 30). The grid values then travel as packed
 codes (elements.py), and a block's payload and scale as one uint8 buffer (wire.py).
 
 Error. For integer grids the step is `s`, so round-to-nearest is off by at most s/2 and
@@ -194,6 +197,51 @@ def _nearest_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax
     return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 
+def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
+                      u: jax.Array) -> jax.Array:
+    """Stochastic rounding, exactly: |x| / s goes to the grid value below it, lo, or the one
+    above, hi, and up exactly when |x| - lo s >= (1 - u)(hi - lo) s, u uniform in [0, 1) (so
+    with probability (|x| / s - lo) / (hi - lo): unbiased); the sign is x's; int32 codes.
+
+    `v = x * fl(1/s)` only guesses: the binade (float grids) and lo are settled by exact
+    comparisons, the products all exact for a bf16 or power-of-two scale (8 significant bits
+    against at most 12 of lo, hi or a binade's top). r = |x| - lo s is exact (Sterbenz), and
+    1 - u (23 bits) is split in two 12-bit halves, so the decision is the sign of
+    (r - w_head S) - w_tail S with exact products: no rounding of 1/s or contraction moves it.
+    x and s come scaled by `range_factor`: nothing here is subnormal.
+    """
+    S0 = jnp.where(s > 0, s, 0.0)
+    a = jnp.minimum(jnp.abs(x), fmt.elem_max * S0)  # saturate (floor rule, stepped scales)
+    t = jnp.minimum(jnp.abs(v), fmt.elem_max)
+    if fmt.is_int:
+        S, base = S0, None
+    else:  # the binade 2^e of |x| / s: from t's bits, then settled exactly (a guess's ulps)
+        top = lax.bitcast_convert_type(lax.bitcast_convert_type(t, jnp.int32) & 0x7F800000,
+                                       jnp.float32)
+        top = jnp.where((top > 0) & (a < top * S0), top * 0.5, top)
+        top = jnp.where(a >= 2 * top * S0, top * 2, top)
+        unit = jnp.maximum(top, 2.0**fmt.min_exponent) * 2.0**-fmt.mant_bits
+        base = lax.bitcast_convert_type(unit, jnp.int32)
+        S = S0 * unit  # exact: a power of two
+        t = t * lax.bitcast_convert_type(0x7F000000 - base, jnp.float32)  # t / unit, exact
+    n = jnp.floor(t)
+    n = jnp.where(a < n * S, n - 1, n)  # exact products: <= 12 + 8 bits
+    n = jnp.where(a >= (n + 1) * S, n + 1, n)
+    r = a - n * S  # exact
+    w = 1.0 - u  # exact: u is a multiple of 2^-23
+    w_head = lax.bitcast_convert_type(lax.bitcast_convert_type(w, jnp.int32) & -4096,
+                                      jnp.float32)
+    up = (r - w_head * S) - (w - w_head) * S >= 0
+    c = (n + up).astype(jnp.int32)
+    if fmt.is_int:
+        c = jnp.where(s > 0, jnp.minimum(c, int(fmt.elem_max)), 0)
+        return jnp.where(jnp.signbit(x), -c, c)
+    kmin_bits = (127 + fmt.min_exponent - fmt.mant_bits) << 23
+    mag = ((base - kmin_bits) >> (23 - fmt.mant_bits)) + c
+    mag = jnp.where(s > 0, jnp.minimum(mag, len(fmt.grid) - 1), 0)
+    return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
+
+
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
     """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
     v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
@@ -249,10 +297,17 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     stored, s, inv = block_scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]
     xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
+    u = None if key is None else jax.random.uniform(key, xb.shape, jnp.float32)
     if s is None:
         inv = _once(inv, amax)[..., None]
-        return encode_elements(_round_to_grid(jnp.where(finite, xb * inv, 0.0), fmt, key),
-                               fmt), stored
+        v = jnp.where(finite, xb * inv, 0.0)  # exact: a power of two
+        if u is None:
+            return encode_elements(_round_to_grid(v, fmt, None), fmt), stored
+        ok = (stored > 0) & (stored < 255)  # not tiny, finite: s = 2^k, k >= -125
+        s = jnp.where(ok, pow2(jnp.clip(stored.astype(jnp.int32) - 127, -126, 127)), 0.0)
+        factor = range_factor(s, fmt)
+        xs, s = xb * factor[..., None], (s * factor)[..., None]
+        return pack_codes(_stochastic_codes(xs, v, s, fmt, u), fmt), stored
     s = _once(s, amax)
     stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
     factor = range_factor(s, fmt)  # x and s scaled alike by a power of two: same ratios
@@ -260,7 +315,9 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     inv = jnp.where(s > 0, reciprocal(s), 0.0)[..., None]  # an estimate (`reciprocal`)
     xb, s = xb * factor[..., None], s[..., None]
     v = jnp.where(finite, xb * inv, 0.0)
-    if key is not None:
+    if u is not None and fmt.scale_dtype == "bfloat16" and _midpoint_bits(fmt) + 8 <= 24:
+        return pack_codes(_stochastic_codes(xb, v, s, fmt, u), fmt), stored
+    if u is not None:  # f32 scales: lo s is not exact in f32 (open: issue 30), the estimate decides
         return encode_elements(_round_to_grid(v, fmt, key), fmt), stored
     return pack_codes(_nearest_codes(xb, v, s, fmt), fmt), stored  # exact round(x / s)
 

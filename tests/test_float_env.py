@@ -96,3 +96,19 @@ def test_every_product_feeding_an_add_or_a_comparison_is_exact(name):
     fused = (a.astype(np.float64) * b + c).astype(np.float32)  # one rounding, as an FMA
     unfused = (a * b).astype(np.float32) + c  # two roundings: a * b is exact, so the same
     assert np.array_equal(fused, unfused)
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp4", "int7/b8"])
+def test_stochastic_rounding_ignores_the_reciprocal_s_last_bits(name, monkeypatch):
+    """Stochastic rounding (bf16 and E8M0 scales) with 1/s off by +-2 ulps: the spec's codes."""
+    from test_reference import stochastic_errors
+
+    exact = scales_module.reciprocal
+
+    def inexact(s):
+        return _off_by_ulps(exact(s))
+
+    monkeypatch.setattr(scales_module, "reciprocal", inexact)
+    monkeypatch.setattr(quantize_module, "reciprocal", inexact)
+    errors = stochastic_errors(name, KINDS)
+    assert not errors, "\n".join(errors)

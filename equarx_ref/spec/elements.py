@@ -1,6 +1,8 @@
 """Element rounding and packing: a value in element units to its code, and codes to bytes.
 
-    element = round(|x| / s) onto the grid, nearest, ties to the even code
+    element = round(|x| / s) onto the grid, nearest, ties to the even code; or stochastic:
+              up from the grid value below, lo, to the one above, hi, exactly when
+              |x| - lo s >= (1 - u)(hi - lo) s for a uniform u in [0, 1)
     code    integers: two's complement of the signed element, N bits
             floats: sign bit | magnitude code (a negative value rounding to 0 keeps its sign)
     payload 8 bits: a byte each
@@ -27,6 +29,18 @@ def nearest(a: np.ndarray, s: np.ndarray, G: np.ndarray) -> np.ndarray:
     mid = (G[lo] + G[hi]) / 2 * s[:, None]  # exact
     idx = np.where(a > mid, hi, np.where(a < mid, lo, np.where(lo % 2 == 0, lo, hi)))
     return np.where(s[:, None] > 0, idx, 0)  # a zero scale carries a zero payload
+
+
+def stochastic(a: np.ndarray, s: np.ndarray, G: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Stochastic rounding: indices into `G` of the grid value below a / s, lo, or the one
+    above, hi, up exactly when a - G[lo] s >= (1 - u)(G[hi] - G[lo]) s, for uniforms u in
+    [0, 1) (so with probability (a / s - G[lo]) / (G[hi] - G[lo]): unbiased). Exact in
+    float64: a step of a grid is a power of two, 1 - u has 23 bits, s at most 24."""
+    lo = nearest(a, s, G)
+    lo = np.where(G[lo] * s[:, None] > a, lo - 1, lo)  # the grid value at or below
+    hi = np.minimum(lo + 1, len(G) - 1)
+    up = a - G[lo] * s[:, None] >= (1.0 - u) * (G[hi] - G[lo]) * s[:, None]
+    return np.where(up & (hi > lo) & (s[:, None] > 0), hi, lo)
 
 
 def codes(idx: np.ndarray, negative: np.ndarray, bits: int, is_int: bool) -> np.ndarray:

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from .elements import codes as element_codes
-from .elements import nearest, pack
+from .elements import nearest, pack, stochastic
 from .formats import F32_MAX, F32_TINY, grid, is_int, tiny_exponent
 from .scale import block_scale
 
@@ -34,8 +34,10 @@ class SpecQuantized:
     finite: np.ndarray  # bool [blocks]: the block was finite
 
 
-def quantize_blocks(x: np.ndarray, fmt) -> SpecQuantized:
-    """The spec's quantizer for f32 blocks `x` of shape `[blocks, fmt.block_size]`."""
+def quantize_blocks(x: np.ndarray, fmt, uniforms: np.ndarray | None = None) -> SpecQuantized:
+    """The spec's quantizer for f32 blocks `x` of shape `[blocks, fmt.block_size]`; with
+    `uniforms` (f32 in [0, 1), x's shape: `jax.random.uniform(key, ...)`'s draws), stochastic
+    rounding."""
     x = np.asarray(x, np.float32)
     assert x.ndim == 2 and x.shape[1] == fmt.block_size
     x = np.where(np.abs(x) < F32_TINY, np.copysign(np.float32(0), x), x)  # subnormal: +-0
@@ -51,7 +53,7 @@ def quantize_blocks(x: np.ndarray, fmt) -> SpecQuantized:
 
     a = np.where(finite[:, None], a, 0.0)
     a = np.minimum(a, emax * s[:, None])  # saturate (floor rule, a scale stepped down, 2^-127)
-    idx = nearest(a, s, G)
+    idx = nearest(a, s, G) if uniforms is None else stochastic(a, s, G, uniforms)
     sign = np.signbit(x) & finite[:, None]
     c = element_codes(idx, sign, bits, is_int(fmt.name))
 
