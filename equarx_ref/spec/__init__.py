@@ -11,11 +11,13 @@ The rules, for each block of B f32 values x (formats.py, scale.py, elements.py, 
     amax    = max |x|
     scale   bf16/f32: the smallest scale-dtype value s with s * elem_max >= amax
             E8M0 (MX): 2^ceil(log2(amax / elem_max)), or OCP MX v1.0's floor rule
-    element = round(|x| / s) onto the grid, nearest, ties to the even code, with x's sign
+    element = round(|x| / s) onto the grid, nearest, ties to the even code, with x's sign;
+            or stochastic, given uniforms u: up from the grid value below, lo, to the one
+            above, hi, exactly when |x| - lo s >= (1 - u)(hi - lo) s
     x'      = element * s, saturated to f32's finite range
     bytes   per block its packed payload, then its scale's bytes (wire.py)
 
-the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
+then the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
 in f32 in the schedule's order; the owner keeps exactly what the others receive; and the data
 classes every codec is checked on (data.py, `equarx-ref check`).
 
@@ -38,13 +40,14 @@ XLA:GPU's x/y and 1/y are not always correctly rounded. So:
   code splits an f32 scale into 12-bit halves for that), so contracting it into an FMA
   changes nothing;
 - a division or reciprocal is only ever an estimate; exact comparisons settle every case
-  whatever its last few bits.
+  whatever its last few bits (the package's stochastic rounding with an f32 scale is the one
+  exception left: its estimate still decides).
 
 Edge cases: a NaN or infinity makes the block's scale non-finite (E8M0: the NaN byte 255),
 its payload 0 and its values NaN; dequantized values saturate to f32's finite range.
 """
 
-from .elements import nearest, pack, unpack
+from .elements import nearest, pack, stochastic, unpack
 from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int, tiny_exponent
 from .quantize import SpecQuantized, quantize_blocks, round_trip, to_blocks
 from .scale import block_scale
@@ -53,4 +56,5 @@ from .wire import fixed_bytes, scale_bytes, wire_bytes
 
 __all__ = ["E8M0_BIAS", "ELEMENTS", "F32_MAX", "F32_TINY", "SpecQuantized", "all_reduce",
            "block_scale", "fixed_bytes", "grid", "is_int", "nearest", "pack", "quantize_blocks",
-           "round_trip", "scale_bytes", "tiny_exponent", "to_blocks", "unpack", "wire_bytes"]
+           "round_trip", "scale_bytes", "stochastic", "tiny_exponent", "to_blocks", "unpack",
+           "wire_bytes"]
