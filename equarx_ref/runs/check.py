@@ -42,12 +42,17 @@ def _codec(fmt: Format):
     return jax.jit(run)
 
 
+def _plain(values) -> list:
+    """Floats for JSON, non-finite ones as text ("nan", "inf", "-inf")."""
+    return [float(v) if np.isfinite(v) else str(v) for v in np.asarray(values, np.float64)]
+
+
 def _first_block(fmt, x, want, got, fixed) -> dict:
     """The first block whose fixed bytes differ: its values, expected and received bytes."""
     per = fmt.bytes_per_block
     bad = np.flatnonzero((want != got) & fixed)[0] // per
     values = spec.to_blocks(x, fmt.block_size)[bad]
-    return {"block": int(bad), "values": values.tolist(),
+    return {"block": int(bad), "values": _plain(values),
             "expected": want[bad * per:(bad + 1) * per].tolist(),
             "got": got[bad * per:(bad + 1) * per].tolist()}
 
@@ -73,8 +78,8 @@ def check_format(name: str) -> dict:
                   and not np.isfinite(values[~finite]).any()):
             i = int(np.flatnonzero(~((values == expect) | ~finite & ~np.isfinite(values)))[0])
             out[cls] = {"path": "dequantize", "block": i // fmt.block_size,
-                        "values": x[i:i + 1].tolist(), "expected": [float(expect[i])],
-                        "got": [float(values[i])]}
+                        "values": _plain(x[i:i + 1]), "expected": _plain(expect[i:i + 1]),
+                        "got": _plain(values[i:i + 1])}
         else:
             out[cls] = None
     return out
@@ -99,8 +104,8 @@ def check_all_reduce(devices) -> dict:
                                                                  want.view(np.uint32))]
         key = f"{algorithm} {name} p={p}"
         out[key] = None if not bad else {"device": bad[0][0], "index": bad[0][1],
-                                         "expected": float(want[bad[0][1]]),
-                                         "got": float(rows[bad[0][0], bad[0][1]])}
+                                         "expected": _plain(want[bad[0][1]:][:1]),
+                                         "got": _plain(rows[bad[0][0], bad[0][1]:][:1])}
     return out
 
 
