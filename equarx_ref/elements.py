@@ -13,7 +13,7 @@ block's payload and scale travel as one uint8 buffer is in wire.py.
 
 The code is written for Mosaic too, which compiles it inside a Pallas TPU kernel
 (kernels/hop.py): 32-bit shifts, no 8-bit ones; iotas rather than captured array constants;
-reshapes that keep the block axis (all but `_pack_bits`' bit-matrix route, XLA only).
+reshapes that keep the block axis. One packing path serves every width (`pack_codes`).
 The two ways to unpack nibbles, and why `dequantize` and `decode` each take their own, are
 XLA:CPU speed (`decode_elements`).
 """
@@ -63,28 +63,29 @@ def _group(bits: int) -> tuple[int, int]:
     return g, g * bits // 8
 
 
-def _pack_bits(codes: jax.Array, bits: int) -> jax.Array:
-    """Codes [..., B] (each < 2^bits) -> one little-endian bit stream, uint8 [..., B bits / 8]:
-    element i occupies bits [i bits, (i + 1) bits) of the block's payload.
+def _pack_groups(groups: jax.Array, bits: int, axis: int) -> jax.Array:
+    """Codes grouped along `axis` (g of them, `_group`) -> their nb bytes, stacked last.
 
-    Where a group of codes fits 32 bits (2, 3, 6 and 12 bits), each group becomes one int32
-    word and the word its bytes: 32-bit shifts and a reshape that keeps the block axis, which
-    Mosaic compiles. Other widths go through a [bits x elements] bit matrix (XLA only)."""
+    The one packing path of every width: code i of a group holds bits [i bits, (i + 1) bits)
+    of the group's little-endian stream, so byte r takes code i shifted by lo = i bits - 8 r
+    (left if positive, right if not) and masked to 8 bits; the codes' bits never overlap, so
+    the sum over the group is their OR. A reduction with iota shifts (32-bit, no captured
+    constants: Mosaic compiles it; XLA:CPU does not fuse the quantizer into strided slices,
+    module essay of quantize.py)."""
     g, nb = _group(bits)
-    if g * bits <= 32:
-        groups = codes.reshape(*codes.shape[:-1], -1, g)  # [..., B / g, g]
-        word = groups[..., 0]
-        for r in range(1, g):
-            word = word | groups[..., r] << (bits * r)
-        out = jnp.stack([word >> (8 * r) & 0xFF for r in range(nb)], axis=-1)
-        return out.reshape(*codes.shape[:-1], -1).astype(jnp.uint8)
-    stream = (codes[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1  # [..., B, bits]
-    stream = stream.reshape(*codes.shape[:-1], -1, 8)  # [..., bytes, 8]
-    return jnp.sum(stream << jnp.arange(8, dtype=jnp.int32), axis=-1).astype(jnp.uint8)
+    assert axis in (-1, -2)
+    i = lax.broadcasted_iota(jnp.int32, (g, 1) if axis == -2 else (1, g), 2 + axis)
+    out = []
+    for r in range(nb):
+        lo = bits * i - 8 * r
+        left, right = jnp.clip(lo, 0, 8), jnp.clip(-lo, 0, 31)
+        out.append(jnp.sum(((groups << left) >> right) & 0xFF, axis=axis))
+    return jnp.stack(out, axis=-1).astype(jnp.uint8)
 
 
 def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
-    """Inverse of `_pack_bits`: uint8 [..., PB] -> int32 codes [..., PB * 8 / bits]."""
+    """Inverse of `_pack_groups` for widths other than 4 and 8: uint8 [..., PB] -> int32
+    codes [..., PB * 8 / bits]."""
     g, nb = _group(bits)
     if g * bits <= 32:
         raw = payload.astype(jnp.int32).reshape(*payload.shape[:-1], -1, nb)  # [..., B/g, nb]
@@ -104,21 +105,18 @@ def encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
 
 
 def pack_codes(codes: jax.Array, fmt: Format) -> jax.Array:
-    """int32 codes [..., B] (two's complement for integers) -> packed uint8 [..., PB]."""
-    codes = codes & ((1 << fmt.elem_bits) - 1)
-    if fmt.elem_bits == 8:
-        return codes.astype(jnp.uint8)
-    if fmt.elem_bits == 4:
-        # element i in the low nibble, element i + B/2 in the high one. Written as a sum over
-        # the two halves (a reduction), not as `lo | hi << 4` of two slices: XLA:CPU fuses the
-        # whole quantizer into the slices' strided reads, 7-14x slower (measured: int4 encode
-        # of a dynamically sliced 4M values 107 ms, as a reduction 7 ms, one core). The shifts
-        # are an iota, not an array constant: a Pallas kernel (kernels/hop.py) may not capture
-        # constants.
-        halves = codes.astype(jnp.int32).reshape(*codes.shape[:-1], 2, -1)
-        shifts = 4 * lax.broadcasted_iota(jnp.int32, (2, 1), 0)  # [[0], [4]]
-        return jnp.sum(halves << shifts, axis=-2).astype(jnp.uint8)
-    return _pack_bits(codes, fmt.elem_bits)
+    """int32 codes [..., B] (two's complement for integers) -> packed uint8 [..., PB].
+
+    One path for every width (`_pack_groups`), so `encode` and `to_bytes(quantize(x))` cannot
+    differ; only which codes share a group is the layout's: 4-bit elements i and i + B/2 (the
+    two halves of the block), any other width g consecutive codes."""
+    codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.int32)
+    lead = codes.shape[:-1]
+    if fmt.elem_bits == 4:  # [..., 2, B/2]: the halves' reduction (measured: quantize.py)
+        return _pack_groups(codes.reshape(*lead, 2, -1), 4, axis=-2).reshape(*lead, -1)
+    g, _ = _group(fmt.elem_bits)
+    groups = codes.reshape(*lead, -1, g)  # [..., B / g, g]
+    return _pack_groups(groups, fmt.elem_bits, axis=-1).reshape(*lead, -1)
 
 
 def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True,

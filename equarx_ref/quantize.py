@@ -7,13 +7,20 @@ For each block of `B` consecutive values (a `Format` fixes B, the element grid a
     q     = round(x / s)  onto the element grid       (nearest, ties to even; or stochastic)
     x'    = q * s                                     (dequantize, in f32)
 
-Both rules hold exactly, under `jit` and eagerly alike. The scale is scales.py's: the exact
+Both rules hold exactly, under `jit` and eagerly alike, on every backend: no decision depends on
+the float environment. The one division, 1/s (`scales.reciprocal`), is only an estimate, and
+every product that feeds an addition or a comparison is exact in f32 (a midpoint has at most 13
+bits, a bf16 scale 8, an f32 scale is split in 12-bit halves), so fusing it into an FMA (XLA:CPU
+contracts a*b + c) removes a rounding that never happened. The scale is scales.py's: the exact
 smallest cover of amax, or an MX power of two. The rounding takes the same care: XLA turns a
 division by a broadcast into a multiplication by a rounded reciprocal, which can land on the
 wrong side of a rounding tie, so the quantizer estimates with the reciprocal and then settles
 every close call with one exact comparison: with a bf16 scale (8 significant bits) a midpoint
 times the scale, (q +- 1/2) s, is exact in f32, so a plain comparison with x decides; an f32
-scale is split into two halves first (`scales.split`). The grid values then travel as packed
+scale is split into two halves first (`scales.split`). Stochastic rounding is exact the same way
+(`_stochastic_codes`: up from the grid value below, lo, when |x| - lo s >= (1 - u) step s, for
+bf16 and power-of-two scales; with an f32 scale the estimate x fl(1/s) + u still decides, an
+open item of issue 30). The grid values then travel as packed
 codes (elements.py), and a block's payload and scale as one uint8 buffer (wire.py).
 
 Error. For integer grids the step is `s`, so round-to-nearest is off by at most s/2 and
@@ -24,10 +31,12 @@ error model built on these bounds is in models/error.py.
 Edge cases, all deliberate:
 - An all-zero block has scale 0 (E8M0: the smallest exponent, 2^-127) and a zero payload, and
   dequantizes to exact zeros.
-- A block whose amax / elem_max falls below f32's smallest normal number (~1.2e-38, so amax below
-  ~1.5e-36 for int8) gets a zero scale, because XLA:CPU flushes subnormal floats to zero; it
-  dequantizes to zeros. That is an absolute error under 1.5e-36, tested, and far below any
-  activation that matters. E8M0 scales reach 2^-127 and keep such blocks.
+- A subnormal input reads as a zero of its sign, and a block whose amax lies below the format's
+  tiny threshold, 2^(emax_elem + 1 - g - 126) with 2^g its grid's smallest step (int8: 2^-119,
+  1.5e-36; fp8_e4m3: 2^-108, 3e-33), stores scale 0 (E8M0: 2^-127) and a zero payload: it
+  dequantizes to zeros. Both are decided on exponent bits, so that no backend's flushing of
+  subnormals (XLA:CPU and TPUs flush, GPUs do not) can change a bit, and every other block
+  dequantizes to normal f32 values only.
 - A finite block near f32's maximum stays finite and within the format's bound. Where the
   covering scale s would put the grid's top value past f32's maximum (s * elem_max > 3.4e38),
   the scale is the step below it instead, the largest whose top value is finite, and elements
@@ -71,7 +80,7 @@ from jax import lax
 
 from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
-from .scales import apply_scale, block_scales, pow2, range_factor, split
+from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split
 
 __all__ = ["Quantized", "dequantize", "quantize"]
 
@@ -188,6 +197,51 @@ def _nearest_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax
     return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 
+def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
+                      u: jax.Array) -> jax.Array:
+    """Stochastic rounding, exactly: |x| / s goes to the grid value below it, lo, or the one
+    above, hi, and up exactly when |x| - lo s >= (1 - u)(hi - lo) s, u uniform in [0, 1) (so
+    with probability (|x| / s - lo) / (hi - lo): unbiased); the sign is x's; int32 codes.
+
+    `v = x * fl(1/s)` only guesses: the binade (float grids) and lo are settled by exact
+    comparisons, the products all exact for a bf16 or power-of-two scale (8 significant bits
+    against at most 12 of lo, hi or a binade's top). r = |x| - lo s is exact (Sterbenz), and
+    1 - u (23 bits) is split in two 12-bit halves, so the decision is the sign of
+    (r - w_head S) - w_tail S with exact products: no rounding of 1/s or contraction moves it.
+    x and s come scaled by `range_factor`: nothing here is subnormal.
+    """
+    S0 = jnp.where(s > 0, s, 0.0)
+    a = jnp.minimum(jnp.abs(x), fmt.elem_max * S0)  # saturate (floor rule, stepped scales)
+    t = jnp.minimum(jnp.abs(v), fmt.elem_max)
+    if fmt.is_int:
+        S, base = S0, None
+    else:  # the binade 2^e of |x| / s: from t's bits, then settled exactly (a guess's ulps)
+        top = lax.bitcast_convert_type(lax.bitcast_convert_type(t, jnp.int32) & 0x7F800000,
+                                       jnp.float32)
+        top = jnp.where((top > 0) & (a < top * S0), top * 0.5, top)
+        top = jnp.where(a >= 2 * top * S0, top * 2, top)
+        unit = jnp.maximum(top, 2.0**fmt.min_exponent) * 2.0**-fmt.mant_bits
+        base = lax.bitcast_convert_type(unit, jnp.int32)
+        S = S0 * unit  # exact: a power of two
+        t = t * lax.bitcast_convert_type(0x7F000000 - base, jnp.float32)  # t / unit, exact
+    n = jnp.floor(t)
+    n = jnp.where(a < n * S, n - 1, n)  # exact products: <= 12 + 8 bits
+    n = jnp.where(a >= (n + 1) * S, n + 1, n)
+    r = a - n * S  # exact
+    w = 1.0 - u  # exact: u is a multiple of 2^-23
+    w_head = lax.bitcast_convert_type(lax.bitcast_convert_type(w, jnp.int32) & -4096,
+                                      jnp.float32)
+    up = (r - w_head * S) - (w - w_head) * S >= 0
+    c = (n + up).astype(jnp.int32)
+    if fmt.is_int:
+        c = jnp.where(s > 0, jnp.minimum(c, int(fmt.elem_max)), 0)
+        return jnp.where(jnp.signbit(x), -c, c)
+    kmin_bits = (127 + fmt.min_exponent - fmt.mant_bits) << 23
+    mag = ((base - kmin_bits) >> (23 - fmt.mant_bits)) + c
+    mag = jnp.where(s > 0, jnp.minimum(mag, len(fmt.grid) - 1), 0)
+    return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
+
+
 def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
     """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
     v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
@@ -233,23 +287,37 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # lies above +inf, so a NaN decides its block. (A float max would not do: XLA:CPU's
     # vectorised max can drop a NaN, measured on jax 0.10.2, and a second reduction to find
     # it cost half again the max's time.)
-    bits = lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF
+    # A subnormal input reads as a zero of its sign (XLA:CPU and TPUs flush it; GPUs would
+    # not): decided on its exponent bits, the same on every backend.
+    bits = lax.bitcast_convert_type(xb, jnp.int32)
+    subnormal = (bits & 0x7F800000) == 0
+    xb = jnp.where(subnormal, lax.bitcast_convert_type(bits & ~0x7FFFFFFF, jnp.float32), xb)
+    bits = jnp.where(subnormal, 0, bits & 0x7FFFFFFF)
     amax = lax.bitcast_convert_type(jnp.max(bits, axis=-1), jnp.float32)
     stored, s, inv = block_scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]
     xb = jnp.where(finite, xb, 0.0)  # a non-finite block is carried by its scale alone
+    u = None if key is None else jax.random.uniform(key, xb.shape, jnp.float32)
     if s is None:
         inv = _once(inv, amax)[..., None]
-        return encode_elements(_round_to_grid(jnp.where(finite, xb * inv, 0.0), fmt, key),
-                               fmt), stored
+        v = jnp.where(finite, xb * inv, 0.0)  # exact: a power of two
+        if u is None:
+            return encode_elements(_round_to_grid(v, fmt, None), fmt), stored
+        ok = (stored > 0) & (stored < 255)  # not tiny, finite: s = 2^k, k >= -125
+        s = jnp.where(ok, pow2(jnp.clip(stored.astype(jnp.int32) - 127, -126, 127)), 0.0)
+        factor = range_factor(s, fmt)
+        xs, s = xb * factor[..., None], (s * factor)[..., None]
+        return pack_codes(_stochastic_codes(xs, v, s, fmt, u), fmt), stored
     s = _once(s, amax)
     stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
     factor = range_factor(s, fmt)  # x and s scaled alike by a power of two: same ratios
     s = s * factor
-    inv = jnp.where(s > 0, 1.0 / s, 0.0)[..., None]
+    inv = jnp.where(s > 0, reciprocal(s), 0.0)[..., None]  # an estimate (`reciprocal`)
     xb, s = xb * factor[..., None], s[..., None]
     v = jnp.where(finite, xb * inv, 0.0)
-    if key is not None:
+    if u is not None and fmt.scale_dtype == "bfloat16" and _midpoint_bits(fmt) + 8 <= 24:
+        return pack_codes(_stochastic_codes(xb, v, s, fmt, u), fmt), stored
+    if u is not None:  # f32 scales: lo s is not exact in f32 (open: issue 30), the estimate decides
         return encode_elements(_round_to_grid(v, fmt, key), fmt), stored
     return pack_codes(_nearest_codes(xb, v, s, fmt), fmt), stored  # exact round(x / s)
 
@@ -267,10 +335,10 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
         A `Quantized` pytree; `dequantize` restores an f32 array of `x`'s shape.
 
     Edge cases (module essay): an all-zero block comes back exact zeros; a block with a NaN or
-    Inf comes back all NaN, other blocks untouched; a block whose largest magnitude is below
-    about 1e-36 (int8; amax / elem_max under f32's smallest normal) comes back as zeros with
-    bf16 or f32 scales, because XLA:CPU flushes subnormals, while E8M0 (MX) scales keep it;
-    a finite block stays finite, even next to f32's maximum.
+    Inf comes back all NaN, other blocks untouched; a tiny block (largest magnitude below the
+    format's threshold, decided on its exponent bits: int8 2^-119, about 1.5e-36) comes back
+    as zeros, and a subnormal input as a zero of its sign; a finite block stays finite, even
+    next to f32's maximum.
     """
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")

@@ -9,9 +9,12 @@ constant into a multiplication by a rounded reciprocal, which can land one scale
 or too low. So `block_scales` estimates with the reciprocal and then settles the close calls
 with exact comparisons: with a bf16 scale (8 significant bits) the product s * elem_max is
 exact in f32 and a plain comparison decides; an f32 scale is split into a 12-bit head and its
-exact tail first (`split`, `product_vs`). The quantizer (quantize.py) uses the same helpers to
-round each value exactly, and `range_factor` keeps every product and difference there out of the
-subnormal range, which XLA:CPU flushes to zero.
+exact tail first (`split`, `product_vs`). Every such product is exact, so a fused multiply-add
+(XLA:CPU contracts a*b + c) cannot change a comparison, and the estimate may be a few ulps off
+(`reciprocal`: XLA:GPU's 1/y is not always correctly rounded): the steps cover it. The
+quantizer (quantize.py) uses the same helpers to round each value exactly, and `range_factor`
+keeps every product and difference there out of the subnormal range, which XLA:CPU flushes to
+zero and GPUs keep.
 
 Scales are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above
 amax / elem_max, which is all the precision a coarse scale costs.
@@ -21,9 +24,9 @@ k = ceil(log2(amax / elem_max)), so nothing clips; with `scale_rule="floor"` OCP
 k = floor(log2(amax)) - emax_elem, and the elements that land above elem_max saturate to it
 (see formats.py for the trade-off).
 
-The scales of the edge cases (quantize.py's essay says what becomes of their values): an
-all-zero block gets 0 (E8M0: 2^-127); a block whose amax / elem_max falls below f32's smallest
-normal gets 0 too, since XLA:CPU would flush it (E8M0 reaches 2^-127 and keeps it); near f32's
+The scales of the edge cases (quantize.py's essay says what becomes of their values): a tiny
+block (`is_tiny`, read off amax's exponent bits; the all-zero block among them) gets 0 (E8M0:
+2^-127, its smallest); near f32's
 maximum, where s * elem_max would pass 3.4e38, the step below, the largest scale whose grid
 top stays finite; a block with a NaN or infinity a non-finite scale (E8M0: 255, its NaN).
 """
@@ -47,6 +50,13 @@ def pow2(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(((k + 127) << 23).astype(jnp.int32), jnp.float32)
 
 
+def reciprocal(s: jax.Array) -> jax.Array:
+    """1 / s as the backend computes it: an estimate, never a decision. XLA:GPU's is correctly
+    rounded for only 87% of values; every caller settles its answer with exact comparisons
+    that hold whatever this estimate's last few bits (tests perturb it by +-2 ulps)."""
+    return 1.0 / s
+
+
 def significant_bits(value: float) -> int:
     """Significant bits of a positive float (a grid value such as elem_max)."""
     m, _ = math.frexp(value)
@@ -61,6 +71,20 @@ def split(s: jax.Array) -> tuple[jax.Array, jax.Array]:
     head = lax.bitcast_convert_type(
         lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32)
     return head, s - head
+
+
+def tiny_exponent(fmt: Format) -> int:
+    """The tiny-block threshold as a biased f32 exponent (the spec's `tiny_exponent`): a block
+    is tiny when its amax's exponent field is below emax_elem + 2 - g, 2^g the grid's smallest
+    positive value, so that every value any other block dequantizes to is a normal f32."""
+    g = 0 if fmt.is_int else fmt.min_exponent - fmt.mant_bits
+    return fmt.emax_elem + 2 - g
+
+
+def is_tiny(amax: jax.Array, fmt: Format) -> jax.Array:
+    """amax (non-negative, or NaN) below the format's tiny threshold: read off its exponent
+    bits, an integer comparison that no flushing of subnormals can change."""
+    return lax.bitcast_convert_type(amax, jnp.int32) >> 23 < tiny_exponent(fmt)
 
 
 def _lift(amax: jax.Array) -> jax.Array:
@@ -116,23 +140,26 @@ def block_scales(amax: jax.Array,
     """Per block: (stored scale, scale as f32, None) for bf16/f32 scales; (E8M0 code, None,
     the exact power of two taking x to element units) for MX."""
     finite = jnp.isfinite(amax)
+    tiny = is_tiny(amax, fmt)  # the all-zero block among them
     if fmt.scale_dtype == "e8m0":
         # amax in [2^(e-1), 2^e) and elem_max in [2^f, 2^(f+1)), f = emax_elem.
         _, e = jnp.frexp(amax)
         f = fmt.emax_elem
         if fmt.scale_rule == "floor":  # OCP MX v1.0: floor(log2 amax) - emax_elem, may clip
-            k = jnp.where(amax > 0, jnp.clip(e - 1 - f, -E8M0_BIAS, 127), -E8M0_BIAS)
+            k = jnp.where(tiny, -E8M0_BIAS, jnp.clip(e - 1 - f, -E8M0_BIAS, 127))
         else:  # k = ceil(log2(amax / elem_max)), exactly: k in {e-f-1, e-f}, one comparison
             k = jnp.clip(e - f - 1, -E8M0_BIAS, 126)
             k = jnp.where(amax * pow2(-k) > fmt.elem_max, k + 1, k)
-            k = jnp.where(amax > 0, jnp.clip(k, -E8M0_BIAS, 126), -E8M0_BIAS)
+            k = jnp.where(tiny, -E8M0_BIAS, jnp.clip(k, -E8M0_BIAS, 126))
         code = jnp.where(finite, k + E8M0_BIAS, 255).astype(jnp.uint8)  # 255 is E8M0's NaN
         inv = jnp.where(finite, pow2(jnp.clip(-k, -126, 127)), jnp.nan)
+        inv = jnp.where(tiny, 0.0, inv)  # a tiny block's payload is zero
         return code, None, inv
     # The smallest scale-dtype value s with s * elem_max >= amax. Estimate it (XLA multiplies
     # by fl(1 / elem_max), a hair off), then step down while the step below still covers amax
-    # and up while s does not. The estimate is within two f32 ulps of amax / elem_max: one
-    # step each way for a bf16 scale (its steps are 2^16 ulps), two for an f32 scale.
+    # and up while s does not. The estimate is within a few f32 ulps of amax / elem_max (two,
+    # and two more if the reciprocal's last bits are off, as XLA:GPU's may be): one step each
+    # way for a bf16 scale (its steps are 2^16 ulps), four for an f32 scale.
     # (Under jax 0.12, XLA:CPU recomputes these per-block operations for every element of the
     # block inside the quantizer's loop, so their number matters.)
     dtype = jnp.dtype(fmt.scale_dtype)
@@ -146,10 +173,11 @@ def block_scales(amax: jax.Array,
             return s * fmt.elem_max >= amax * lift
         return product_vs(fmt.elem_max, split(s), amax * lift) >= 0
 
-    s = _round_up(amax * (1.0 / fmt.elem_max), dtype)  # NaN/inf amax gives a NaN/inf scale
-    for _ in range(1 if bf16 else 2):
+    # (a NaN/inf amax gives a NaN/inf scale)
+    s = _round_up(amax * reciprocal(jnp.float32(fmt.elem_max)), dtype)
+    for _ in range(1 if bf16 else 4):
         s = jnp.where(covers(_step(s, up=False)), _step(s, up=False), s)
-    for _ in range(1 if bf16 else 2):
+    for _ in range(1 if bf16 else 4):
         s = jnp.where(covers(s) | ~finite, s, _step(s, up=True))
     # Near f32's maximum the grid's top value times that scale passes 3.4e38, where the exact
     # rounding cannot compare: take one step down, the largest scale whose top stays finite
@@ -160,8 +188,8 @@ def block_scales(amax: jax.Array,
     else:
         past = product_vs(fmt.elem_max, split(s.astype(jnp.float32)), big) > 0
     s = jnp.where(past, _step(s, up=False), s)
-    # Below f32's smallest normal, XLA:CPU would flush the scale anyway: store an exact zero.
-    s = jnp.where(s.astype(jnp.float32) < np.finfo(np.float32).tiny, jnp.zeros((), dtype), s)
+    # A tiny block (decided on amax's exponent bits, never on a flushed product) stores 0.
+    s = jnp.where(tiny, jnp.zeros((), dtype), s)
     return s, s.astype(jnp.float32), None
 
 

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference as ref
 from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
+from equarx_ref import spec as ref
 
 INT8 = eq.Format.int8()
 QUANTIZED = ["ring", "bidir_ring", "two_shot", "one_shot"]
@@ -53,7 +53,7 @@ def gaussian(p, n=8192, seed=0):
     return jax.random.normal(jax.random.key(seed), (p, n), jnp.float32)
 
 
-# ---- bitwise against the NumPy reference (tests/reference.py) -----------------------------
+# ---- bitwise against the spec (equarx_ref.spec) -----------------------------
 
 F = eq.Format.parse
 # (algorithm, devices, format, dtype, shape of each device's x): every schedule, unquantized

@@ -135,3 +135,49 @@ def test_the_package_essay_gives_the_core_and_its_size():
     stated = int(re.search(r"about ([\d,]+) lines of code", doc).group(1).replace(",", ""))
     code = sum(c for _, _, c, _ in LAYOUT.core())
     assert abs(stated - code) <= 0.1 * code, f"the essay says {stated} lines of code; now {code}"
+
+
+SPEC_ALLOWED = {"numpy", "ml_dtypes", "__future__", "dataclasses"}
+
+
+def test_the_spec_imports_numpy_and_ml_dtypes_only():
+    """equarx_ref/spec imports nothing of jax nor of the rest of the package: only NumPy,
+    ml_dtypes, a little of the standard library and its own modules (ast, every import)."""
+    bad = []
+    for path in sorted((PKG / "spec").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                continue  # its own modules
+            names = ([node.module] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            bad += [f"{path.name}:{node.lineno} {n}" for n in names
+                    if n.split(".")[0] not in SPEC_ALLOWED]
+    assert not bad, f"the spec imports {bad}"
+
+
+def test_the_spec_runs_without_jax():
+    """Loaded from its folder with jax made unimportable, the spec quantizes and sums.
+    (`import equarx_ref.spec` runs the package's __init__, which imports jax; the folder
+    itself needs none, so it is loaded by path here, as a user without jax can.)"""
+    code = f"""
+import importlib.util, sys, types
+import numpy as np
+sys.modules["jax"] = None
+where = {str(PKG / "spec")!r}
+s = importlib.util.spec_from_file_location("spec", where + "/__init__.py",
+                                           submodule_search_locations=[where])
+spec = importlib.util.module_from_spec(s); sys.modules["spec"] = spec; s.loader.exec_module(spec)
+fmt = types.SimpleNamespace(name="int4", block_size=8, scale_dtype="bfloat16")
+q = spec.quantize_blocks(np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8), fmt)
+step = types.SimpleNamespace(time=0, phase="reduce", kind="all_gather", transfers=())
+sched = types.SimpleNamespace(chunk_count=1, owners=((0,),), steps=(step,))
+y = spec.all_reduce(np.ones((2, 8), np.float32), sched, fmt)
+assert not any(m == "jax" or m.startswith(("jax.", "equarx_ref")) for m in sys.modules
+               if sys.modules[m] is not None)
+assert np.allclose(y, 2, rtol=2**-6), y  # two int4-quantized ones
+print(len(spec.wire_bytes(q)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["12"], out.stdout  # 2 blocks of 4 payload + 2 scale bytes

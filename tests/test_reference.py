@@ -1,4 +1,4 @@
-"""Every format, bitwise, against the independent NumPy + ml_dtypes reference (tests/reference.py):
+"""Every format, bitwise, against the spec (equarx_ref.spec: NumPy + ml_dtypes, no jax):
 stored scales, payload bytes, wire bytes and dequantized values, under jit and eagerly.
 
 The data: Gaussian blocks over twelve decades, bf16-valued blocks (amax / elem_max is then often
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-import reference as ref
 
 import equarx_ref as eq
+from equarx_ref import spec as ref
 from equarx_ref.wire import encode, to_bytes
 
 FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "mxint8",
@@ -93,13 +93,23 @@ def _non_finite_blocks(B):
     return np.stack([nan, inf])
 
 
-def _tiny_blocks(fmt):
-    """Constant-magnitude blocks around the documented threshold amax / elem_max = f32's
-    smallest normal (below it: scale 0, and we say a zero payload), and just above it."""
-    emax = ref.grid(fmt.name)[0][-1]
-    signs = np.where(np.arange(fmt.block_size) % 3 == 0, -1, 1)
-    amaxes = [1e-37, ref.F32_TINY * emax * (1 - 2.0**-10), ref.F32_TINY * emax * (1 + 2.0**-10)]
-    return np.stack([np.float32(a) * signs for a in amaxes]).astype(np.float32)
+def _tiny_blocks(fmt, rng):
+    """Blocks around the tiny threshold 2^T (T from amax's exponent bits: spec.tiny_exponent;
+    below it: scale 0, E8M0 2^-127, and a zero payload), and blocks above it holding
+    subnormal inputs (read as zeros of their sign) and values down to the grid's smallest
+    step (dequantized values near f32's smallest normal)."""
+    B = fmt.block_size
+    top = 2.0 ** (ref.tiny_exponent(fmt.name) - 127)
+    signs = np.where(np.arange(B) % 3 == 0, -1, 1)
+    amaxes = [1e-37, 1.49e-36, top * (1 - 2.0**-10), top * (1 - 2.0**-24), top,
+              top * (1 + 2.0**-10)]
+    rows = [np.float32(a) * signs for a in amaxes]
+    for amax in (top, top * 1.5, top * 2**10):
+        row = rng.uniform(-1, 1, B) * amax * 2.0 ** -rng.integers(0, 24, B)
+        row[rng.random(B) < 0.3] = rng.uniform(-1, 1) * ref.F32_TINY  # subnormal inputs
+        row[0] = amax
+        rows.append(row)
+    return np.stack(rows).astype(np.float32)
 
 
 def _small_blocks(rng, B):
@@ -142,10 +152,7 @@ def dataset(name):
         "near max": _near_max_blocks(rng, B),
         "huge": _huge_blocks(fmt, rng, B),
     }
-    if fmt.is_mx:  # E8M0 scales reach 2^-127 (the exponent clips there): no zero-scale rule
-        data["tiny (E8M0)"] = np.stack([np.full(B, 1e-37), np.full(B, -3e-37)])
-    else:
-        data["tiny"] = _tiny_blocks(fmt)
+    data["tiny"] = _tiny_blocks(fmt, rng)
     return {k: np.asarray(v, np.float32) for k, v in data.items()}
 
 
@@ -194,9 +201,7 @@ def _check(name, mode, kinds):
            np.any(np.isfinite(values), axis=1) & ~fin, want.values, values)
     # the wire buffer, block after block: its payload bytes, then its scale's bytes (NaN bit
     # patterns may vary)
-    ref_wire = np.concatenate([want.payload, ref.scale_bytes(want.scales)], axis=1).ravel()
-    compare = np.concatenate([np.ones(want.payload.shape, bool),
-                              np.repeat(fin[:, None], fmt.scale_bytes, axis=1)], axis=1).ravel()
+    ref_wire, compare = ref.wire_bytes(want), ref.fixed_bytes(want)
     if not errors and not np.array_equal(wire[compare], ref_wire[compare]):
         errors.append(f"{name} {mode}: to_bytes is not block after block (payload, scale)")
     if not np.array_equal(encoded.ravel(), wire):
@@ -205,7 +210,7 @@ def _check(name, mode, kinds):
 
 
 REGULAR = ["gaussian", "bf16-valued", "student-t(2)", "lognormal(0, 3)", "ties", "issue 8",
-           "all-zero", "tiny (E8M0)", "huge"]
+           "all-zero", "tiny", "huge"]
 
 
 @pytest.mark.parametrize("name,mode", [(n, m) for n in FORMATS for m in ("jit", "eager")]
@@ -249,13 +254,21 @@ def test_blocks_near_f32_max_stay_within_the_bound(name):
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
-@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3"])
+@pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3", "fp8_e5m2", "mxfp8",
+                                  "mxfp4/floor"])
 def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
-    """amax / elem_max below f32's smallest normal: scale 0, dequantized zeros, and (like an
-    all-zero block) a zero payload: with scale 0, x / s means nothing. Just above it the rule
-    gives the smallest normal scale that covers amax."""
+    """amax below the format's tiny threshold (decided on amax's exponent bits, the same on
+    every backend): scale 0 (E8M0: 2^-127), dequantized zeros, and (like an all-zero block) a
+    zero payload. Just above it the usual rules, every dequantized value a normal f32; a
+    subnormal input reads as a zero of its sign."""
     errors = _check(name, mode, ["tiny"])
     assert not errors, "\n".join(errors)
+    fmt = eq.Format.parse(name)
+    x = dataset(name)["tiny"]
+    y = np.abs(np.asarray(eq.dequantize(eq.quantize(jnp.asarray(x), fmt))))
+    assert np.all((y == 0) | (y >= ref.F32_TINY)), "a subnormal dequantized value"
+    below = np.abs(x).max(axis=1) < 2.0 ** (ref.tiny_exponent(fmt.name) - 127)
+    assert below.sum() >= 2 and np.all(y[below] == 0) and np.all(y[~below].max(axis=1) > 0)
 
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
@@ -264,4 +277,32 @@ def test_non_finite_blocks(name, mode):
     """A NaN or inf makes the scale non-finite and every value non-finite; quantize.py
     documents that the payload of such a block is forced to 0."""
     errors = _check(name, mode, ["non-finite"])
+    assert not errors, "\n".join(errors)
+
+
+SR_FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "int7/b8",
+              "mxfp6_e3m2/floor", "int8/b8", "int12"]
+
+
+def stochastic_errors(name, kinds=REGULAR):
+    """Stochastic rounding (key 0) by the package under jit and by the spec with the same
+    uniforms: readable differences (bf16 and E8M0 scales, whose SR is exact)."""
+    fmt = eq.Format.parse(name)
+    x = np.concatenate([v for k, v in dataset(name).items() if k in kinds])
+    key = jax.random.key(0)
+    u = np.asarray(jax.random.uniform(key, x.shape, jnp.float32))
+    want = ref.quantize_blocks(x, fmt, uniforms=u)
+    q = jax.jit(lambda v: eq.quantize(v, fmt, key=key))(jnp.asarray(x.ravel()))
+    payload = np.asarray(q.payload)
+    bad = np.flatnonzero(np.any(payload != want.payload, axis=1))
+    return [] if not bad.size else [
+        f"{name} SR: {bad.size} blocks differ; first {bad[0]}: x={x[bad[0]][:4]}\n"
+        f"    spec    {want.payload[bad[0]][:8]}\n    package {payload[bad[0]][:8]}"]
+
+
+@pytest.mark.parametrize("name", SR_FORMATS)
+def test_stochastic_rounding_bitwise_against_the_spec(name):
+    """Up from the grid value below exactly when |x| - lo s >= (1 - u)(hi - lo) s: the same
+    codes as the spec for the same uniforms, ties and near-ties included."""
+    errors = stochastic_errors(name)
     assert not errors, "\n".join(errors)

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference as ref
 from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
+from equarx_ref import spec as ref
 from equarx_ref.models import hops
 from equarx_ref.remedies import rotation
 from equarx_ref.wire import decode, encode
@@ -307,7 +307,7 @@ FLOOR_CASES = [("ring", 8, "mxfp8/floor"), ("two_shot", 5, "mxfp6_e2m3"),
 
 @pytest.mark.parametrize("algorithm,p,name", FLOOR_CASES)
 def test_mx_formats_through_every_algorithm(algorithm, p, name):
-    """Bitwise the reference (tests/reference.py) and the HLO's bytes."""
+    """Bitwise the spec (equarx_ref.spec) and the HLO's bytes."""
     fmt = F(name)
     x = gaussian(p, 999, seed=p) * 3.0
     want = ref.all_reduce(x, eq.make_schedule(algorithm, (p,)), fmt)

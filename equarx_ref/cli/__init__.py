@@ -8,11 +8,12 @@
     equarx-ref outliers static int4 + bf16 outlier features (calibrated) on Gemma 3 270M
     equarx-ref sweep    the map: bits on the wire against error, every algorithm, format, remedy
     equarx-ref train    quantized gradients in data-parallel training: loss, error, bytes
+    equarx-ref check    this chip's quantizer and all_reduce, bitwise against the spec
 
 (This folder only parses arguments, calls one library function per command and prints:
 `options.py` holds the argument types and outputs every command shares, `collectives.py`,
-`tpu.py`, `gemma.py` and `train.py` the commands by subject. A command imports what it needs
-only when it runs, so `equarx-ref --help` stays light.
+`tpu.py`, `gemma.py`, `train.py` and `check.py` the commands by subject. A command imports
+what it needs only when it runs, so `equarx-ref --help` stays light.
 Exits: 0 done; 1 a failure while running (out of memory) or writing an output (one line); 2 a
 bad argument (one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went
 away.)
@@ -52,6 +53,7 @@ COMMANDS = {
     "outliers": ("static int4 + bf16 outliers (Dong et al.) on Gemma", "gemma"),
     "sweep": ("the map: bits on the wire against error, and remedies", "collectives"),
     "train": ("quantized gradients in data-parallel training (chapter 08)", "train"),
+    "check": ("this chip bitwise against the spec: every format, every data class", "check"),
 }
 
 

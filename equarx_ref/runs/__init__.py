@@ -10,7 +10,8 @@
   bytes accessed by the codec and the AllReduces over the fewest bytes each must move;
 - `train.py`: `equarx-ref train`, data-parallel training with quantized gradient AllReduces
   (chapter 08; its stored results are `equarx_ref.data`'s "train" and "train-hops");
-  `hopstats.py`: the partial sums a ring quantizes, hop by hop, on those gradients.
+  `hopstats.py`: the partial sums a ring quantizes, hop by hop, on those gradients;
+- `check.py`: `equarx-ref check`, this chip's quantizer and all_reduce bitwise against the spec.
 
 The multi-host run (`equarx-ref bench --hosts`) is `multihost/`, Gemma's quality and
 calibration runs are in `gemma/`. The CLI (`cli/`) only parses, calls one of these and prints.

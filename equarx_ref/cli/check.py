@@ -1,0 +1,70 @@
+"""The `check` command: this chip's quantizer and all_reduce, bitwise against the spec. It
+parses, calls `runs.check.check`, prints one table and a verdict; exit status 1 on any
+difference, with the first differing block shown.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import COMMANDS
+from .options import table, writable, write_json
+
+
+def add_check(sub) -> None:
+    p = sub.add_parser("check", help=COMMANDS["check"][0],
+                       description="Quantize the spec's data classes with every check format "
+                       "on this machine's default device (jit), by to_bytes(quantize(x)) and by "
+                       "the collectives' encode, and run a small all_reduce per algorithm; "
+                       "compare every byte and value with the NumPy spec (equarx_ref.spec). "
+                       "Exit status 1 on a difference, showing the first differing block.")
+    p.add_argument("--json", metavar="PATH", type=writable, default=None,
+                   help="write the result as JSON ('-' for stdout, then the table goes to "
+                   "stderr)")
+    p.set_defaults(func=cmd_check)
+
+
+def _diff_lines(where: str, diff: dict) -> list[str]:
+    lines = [f"first difference: {where}" + (f", by {diff['path']}" if "path" in diff else "")]
+    for key in ("block", "device", "index"):
+        if key in diff:
+            lines.append(f"  {key}: {diff[key]}")
+    if "values" in diff:
+        lines.append(f"  values:   {diff['values']}")
+    lines += [f"  expected: {diff['expected']}", f"  got:      {diff['got']}"]
+    return lines
+
+
+def cmd_check(args) -> int:
+    from .. import devices
+    from ..runs import check
+
+    devs = devices.setup_devices(8)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    result = check.check(devs)
+    rows, first = [], None
+    for name, classes in result["formats"].items():
+        bad = [c for c, d in classes.items() if d is not None]
+        rows.append([name, f"{len(classes) - len(bad)} of {len(classes)}",
+                     ", ".join(bad) or "-"])
+        if bad and first is None:
+            first = (f"{name}, {bad[0]}", classes[bad[0]])
+    for case, diff in result["all_reduce"].items():
+        rows.append([f"all_reduce {case}", "equal" if diff is None else "DIFFERS", "-"])
+        if diff is not None and first is None:
+            first = (f"all_reduce {case}", diff)
+    print(table(["format", "classes bitwise equal", "differing"], rows), file=out)
+    n_classes = len(next(iter(result["formats"].values())))
+    kind, platform = result["device"], result["platform"]
+    chip = platform.upper() if kind.lower() == platform else \
+        kind if kind.lower().startswith(platform) else f"{platform.upper()} ({kind})"
+    if first is None:
+        print(f"bitwise equal to the spec on {chip}: {len(result['formats'])} formats, "
+              f"{n_classes} data classes; all_reduce {len(result['all_reduce'])} cases on "
+              f"{result['reduce_devices']}", file=out)
+    else:
+        print(f"NOT bitwise equal to the spec on {chip}", file=out)
+        print("\n".join(_diff_lines(*first)), file=out)
+    if args.json:
+        write_json(args.json, result)
+    return 0 if first is None else 1

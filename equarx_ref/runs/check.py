@@ -1,0 +1,122 @@
+"""`equarx-ref check`: the package on the chip in front of you, bitwise against the spec.
+
+Every check format (the public `FORMAT_NAMES`, a six-bit MX float, a bit-packed odd width and
+an f32 scale) quantizes every data class of the spec (`spec.data`) on the default device under
+`jit`, by both of the package's paths to the wire, `to_bytes(quantize(x))` and `wire.encode`
+(the collectives'); the bytes, and the dequantized values, must be the spec's to the bit (a
+non-finite block's scale bytes excepted: any NaN or infinity). Then a small `all_reduce` on
+the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
+the first differing block: its values, the expected and the received bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from .. import spec
+from ..collectives import all_reduce
+from ..devices import make_mesh
+from ..formats import FORMAT_NAMES, Format
+from ..quantize import dequantize, quantize
+from ..schedule import make_schedule
+from ..spec import data
+from ..wire import encode, to_bytes
+
+#: The formats checked: the public names, and one each of six-bit MX, odd width, f32 scale.
+CHECK_FORMATS = (*FORMAT_NAMES, "mxfp6_e2m3", "int7/b8", "int8/f32")
+#: The all_reduce cases: (algorithm, format, values per device).
+REDUCE_CASES = (("ring", "int8", 1000), ("one_shot", "int4/b16", 999), ("two_shot", "mxfp8", 999))
+
+
+@functools.cache
+def _codec(fmt: Format):
+    """jit of both paths to the wire and back: (to_bytes(quantize), encode, dequantize)."""
+    def run(x, padded):
+        q = quantize(x, fmt)
+        return to_bytes(q), encode(padded[None], fmt)[0], dequantize(q)
+    return jax.jit(run)
+
+
+def _plain(values) -> list:
+    """Floats for JSON, non-finite ones as text ("nan", "inf", "-inf")."""
+    return [float(v) if np.isfinite(v) else str(v) for v in np.asarray(values, np.float64)]
+
+
+def _first_block(fmt, x, want, got, fixed) -> dict:
+    """The first block whose fixed bytes differ: its values, expected and received bytes."""
+    per = fmt.bytes_per_block
+    bad = np.flatnonzero((want != got) & fixed)[0] // per
+    values = spec.to_blocks(x, fmt.block_size)[bad]
+    return {"block": int(bad), "values": _plain(values),
+            "expected": want[bad * per:(bad + 1) * per].tolist(),
+            "got": got[bad * per:(bad + 1) * per].tolist()}
+
+
+def check_format(name: str) -> dict:
+    """Every data class through the package and the spec for format `name`: {class: None
+    when bitwise equal, else what differs first}."""
+    fmt = Format.parse(name)
+    out = {}
+    for cls in data.CLASSES:
+        x = data.make(cls, fmt)
+        want = spec.quantize_blocks(spec.to_blocks(x, fmt.block_size), fmt)
+        wire, fixed = spec.wire_bytes(want), spec.fixed_bytes(want)
+        padded = jnp.asarray(spec.to_blocks(x, fmt.block_size).ravel())
+        got, encoded, values = (np.asarray(a) for a in _codec(fmt)(jnp.asarray(x), padded))
+        expect = want.values.ravel()[: x.size]
+        finite = np.repeat(want.finite, fmt.block_size)[: x.size]
+        if not np.array_equal(got[fixed], wire[fixed]):
+            out[cls] = {"path": "to_bytes(quantize(x))", **_first_block(fmt, x, wire, got, fixed)}
+        elif not np.array_equal(encoded[fixed], wire[fixed]):
+            out[cls] = {"path": "wire.encode", **_first_block(fmt, x, wire, encoded, fixed)}
+        elif not (np.array_equal(values[finite].view(np.uint32), expect[finite].view(np.uint32))
+                  and not np.isfinite(values[~finite]).any()):
+            i = int(np.flatnonzero(~((values == expect) | ~finite & ~np.isfinite(values)))[0])
+            out[cls] = {"path": "dequantize", "block": i // fmt.block_size,
+                        "values": _plain(x[i:i + 1]), "expected": _plain(expect[i:i + 1]),
+                        "got": _plain(values[i:i + 1])}
+        else:
+            out[cls] = None
+    return out
+
+
+def check_all_reduce(devices) -> dict:
+    """A small all_reduce per case on `devices` against the spec's sum: {case: None or what
+    differs first}."""
+    p = len(devices)
+    mesh = make_mesh(devices, ("tp",))
+    out = {}
+    for algorithm, name, n in REDUCE_CASES:
+        fmt = Format.parse(name)
+        x = np.random.default_rng(n).standard_normal((p, n)).astype(np.float32)
+        want = spec.all_reduce(x, make_schedule(algorithm, (p,)), fmt)
+        fn = jax.jit(jax.shard_map(lambda v, fmt=fmt, a=algorithm: all_reduce(
+            v[0], "tp", fmt=fmt, algorithm=a)[None], mesh=mesh, in_specs=P("tp"),
+            out_specs=P("tp"), check_vma=True))
+        rows = np.asarray(fn(jnp.asarray(x)))
+        bad = [(d, int(np.flatnonzero(r.view(np.uint32) != want.view(np.uint32))[0]))
+               for d, r in enumerate(rows) if not np.array_equal(r.view(np.uint32),
+                                                                 want.view(np.uint32))]
+        key = f"{algorithm} {name} p={p}"
+        out[key] = None if not bad else {"device": bad[0][0], "index": bad[0][1],
+                                         "expected": _plain(want[bad[0][1]:][:1]),
+                                         "got": _plain(rows[bad[0][0], bad[0][1]:][:1])}
+    return out
+
+
+def check(devices, formats=CHECK_FORMATS) -> dict:
+    """The whole check: {"device", "platform", "formats": {name: {class: None | diff}},
+    "all_reduce": {case: None | diff}, "equal": bool}."""
+    dev = jax.devices()[0]
+    result = {"device": dev.device_kind, "platform": dev.platform,
+              "formats": {name: check_format(name) for name in formats},
+              "all_reduce": check_all_reduce(devices),
+              "reduce_devices": f"{len(devices)} {devices[0].platform} devices"}
+    result["equal"] = all(v is None for f in result["formats"].values() for v in f.values()) \
+        and all(v is None for v in result["all_reduce"].values())
+    return result

@@ -1,0 +1,66 @@
+"""Formats as plain data: each format name's element grid, its bits, and the scale types.
+
+A format is read from its public fields only: `name` (the element type), `block_size`,
+`scale_dtype` ("bfloat16", "float32" or "e8m0") and, for E8M0, `scale_rule` ("ceil" or
+"floor"). The package's `Format` carries them; so may any object with those attributes.
+
+Element grids come from ml_dtypes, not from the package: code i of a float element (sign bit
+clear) has the value ml_dtypes gives its bit pattern; a symmetric integer of N bits has the
+grid 0 .. 2^(N-1) - 1, its codes two's complement.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+F32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126, f32's smallest normal
+F32_MAX = float(np.finfo(np.float32).max)
+E8M0_BIAS = 127
+
+# Element type of each format name: ml_dtypes float type (None: symmetric integer) and bits.
+ELEMENTS = {
+    "int8": (None, 8), "int4": (None, 4), "mxint8": (None, 8),
+    **{f"int{b}": (None, b) for b in range(2, 13)},
+    "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 8), "mxfp8": (ml_dtypes.float8_e4m3fn, 8),
+    "fp8_e5m2": (ml_dtypes.float8_e5m2, 8),
+    "fp6_e2m3": (ml_dtypes.float6_e2m3fn, 6), "mxfp6_e2m3": (ml_dtypes.float6_e2m3fn, 6),
+    "fp6_e3m2": (ml_dtypes.float6_e3m2fn, 6), "mxfp6_e3m2": (ml_dtypes.float6_e3m2fn, 6),
+    "fp4_e2m1": (ml_dtypes.float4_e2m1fn, 4), "mxfp4": (ml_dtypes.float4_e2m1fn, 4),
+}
+# Scale types with a value: (NumPy type, unsigned type of its bit pattern).
+SCALE_TYPES = {"bfloat16": (ml_dtypes.bfloat16, np.uint16), "float32": (np.float32, np.uint32)}
+
+
+def grid(name: str) -> tuple[np.ndarray, int]:
+    """(non-negative element values in code order, element bits): code i has value grid[i]."""
+    dtype, bits = ELEMENTS[name]
+    if dtype is None:  # symmetric integers 0..2^(bits-1)-1, two's complement codes
+        return np.arange(2 ** (bits - 1), dtype=np.float64), bits
+    # ml_dtypes' sub-byte floats occupy the low bits of one byte each
+    values = np.arange(2 ** (bits - 1), dtype=np.uint8).view(dtype).astype(np.float64)
+    values = values[np.isfinite(values)]  # e4m3fn ends in NaN, e5m2 in inf and NaNs
+    assert np.all(np.diff(values) > 0)
+    return values, bits
+
+
+def tiny_exponent(name: str) -> int:
+    """The tiny-block threshold as a biased f32 exponent: a block is tiny when its amax's
+    exponent field (bits 23..30) is below it, i.e. amax < 2^(emax_elem + 1 - g - 126), with
+    2^emax_elem <= elem_max < 2^(emax_elem + 1) and 2^g the grid's smallest positive value.
+    Any other block's scale s has s * 2^g >= 2^-125: every value it dequantizes to is a
+    normal f32, and a subnormal input is below half its smallest step."""
+    G, _ = grid(name)
+    emax_elem = int(np.frexp(G[-1])[1]) - 1
+    g = int(np.frexp(G[1])[1]) - 1  # G[1] is a power of two: 1, or a float grid's 2^(emin-m)
+    return emax_elem + 2 - g
+
+
+def is_int(name: str) -> bool:
+    """Symmetric integer elements (two's complement codes), else a float grid."""
+    return ELEMENTS[name][0] is None
+
+
+def scale_rule(fmt) -> str:
+    """"floor" (OCP MX v1.0) or "ceil" (the default: the smallest scale that covers amax)."""
+    return getattr(fmt, "scale_rule", "ceil")
