@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .models.hops import HopPlan
+from .quantize import zero_subnormals
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
@@ -83,11 +84,12 @@ def _table(values) -> jax.Array:
     return jnp.asarray(values, jnp.int32)
 
 
-def _rank_order_sum(parts: jax.Array) -> jax.Array:
-    """parts[0] + parts[1] + ... in rank order: the same additions on every device."""
+def _rank_order_sum(parts: jax.Array, exact_zero=lambda v: v) -> jax.Array:
+    """parts[0] + parts[1] + ... in rank order: the same additions on every device (each
+    partial sum passed through `exact_zero`: `_Held.settle`)."""
     total = parts[0]
     for r in range(1, parts.shape[0]):
-        total = total + parts[r]
+        total = exact_zero(total + parts[r])
     return total
 
 
@@ -102,8 +104,8 @@ class _Held:
     bytes and one input chunk and writes the next message.
     """
 
-    def __init__(self, sched: Schedule, x: jax.Array, acc, me):
-        self.p, self.me, self.acc = sched.p, me, acc
+    def __init__(self, sched: Schedule, x: jax.Array, acc, me, quantized: bool):
+        self.p, self.me, self.acc, self.quantized = sched.p, me, acc, quantized
         self.sources: list[jax.Array] = [x]  # source 0: the input rows [chunks, m]
         self.where = [[(0, c) for c in range(sched.chunk_count)] for _ in range(self.p)]
 
@@ -123,7 +125,14 @@ class _Held:
         out = [lax.dynamic_slice_in_dim(self.sources[src], _table(first)[self.me], size)
                for src, first, size in parts]
         out = out[0] if len(out) == 1 else jnp.concatenate(out)
-        return out.astype(self.acc)
+        return self.settle(out.astype(self.acc))
+
+    def settle(self, values: jax.Array) -> jax.Array:
+        """A quantized schedule adds f32 values whose subnormals read as zeros of their sign
+        (`zero_subnormals`): XLA:CPU and TPUs flush them, GPUs keep them, and an input of
+        -1e-40 added to a received +0 would otherwise give +0 on one and -0 on the other."""
+        return zero_subnormals(values) if self.quantized and self.acc == jnp.float32 \
+            else values
 
     def store(self, values: jax.Array, chunks_of) -> None:
         """`values` [k, m] are now device d's chunks `chunks_of(d)`."""
@@ -151,11 +160,12 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
             got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything), key), group,
                                               0, 0), m)
-            held.store(_rank_order_sum(got)[None], lambda d: (d,))
+            held.store(_rank_order_sum(got, held.settle)[None], lambda d: (d,))
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
             got = typed_all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
                               wire.mesh_axes, axis=0)
-            held.store(_rank_order_sum(codec.decode(got, m)), everything)  # same everywhere
+            # the same sums on every device
+            held.store(_rank_order_sum(codec.decode(got, m), held.settle), everything)
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
 
@@ -204,7 +214,8 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
     parts = []
     for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops
         wire.piece = j
-        held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me)
+        held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me,
+                     fmt is not None)
         _reduce_phase(sched, held, wire, axes)
         parts.append(_gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
                                    x.dtype) if gathers else held.sources[-1])

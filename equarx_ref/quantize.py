@@ -82,7 +82,7 @@ from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
 from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split
 
-__all__ = ["Quantized", "dequantize", "quantize"]
+__all__ = ["Quantized", "dequantize", "quantize", "zero_subnormals"]
 
 
 @jax.tree_util.register_dataclass
@@ -280,6 +280,15 @@ def _once(a: jax.Array, amax: jax.Array) -> jax.Array:
                                     jnp.float32)
 
 
+def zero_subnormals(x: jax.Array) -> jax.Array:
+    """f32 `x` with every subnormal value replaced by a zero of its sign, decided on the
+    exponent bits: what XLA:CPU and TPUs do to a subnormal operand, done explicitly so that a
+    GPU, which keeps subnormals, computes the same bits."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where((bits & 0x7F800000) == 0,
+                     lax.bitcast_convert_type(bits & ~0x7FFFFFFF, jnp.float32), x)
+
+
 def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:
     """[..., blocks, B] f32 -> (payload uint8 [..., blocks, PB], stored scales [..., blocks])."""
     # max |x| as the largest of the magnitudes' bit patterns (sign bit cleared), an int32 max:
@@ -289,10 +298,8 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # it cost half again the max's time.)
     # A subnormal input reads as a zero of its sign (XLA:CPU and TPUs flush it; GPUs would
     # not): decided on its exponent bits, the same on every backend.
-    bits = lax.bitcast_convert_type(xb, jnp.int32)
-    subnormal = (bits & 0x7F800000) == 0
-    xb = jnp.where(subnormal, lax.bitcast_convert_type(bits & ~0x7FFFFFFF, jnp.float32), xb)
-    bits = jnp.where(subnormal, 0, bits & 0x7FFFFFFF)
+    xb = zero_subnormals(xb)
+    bits = lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF
     amax = lax.bitcast_convert_type(jnp.max(bits, axis=-1), jnp.float32)
     stored, s, inv = block_scales(amax, fmt)
     finite = jnp.isfinite(amax)[..., None]

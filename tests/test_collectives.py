@@ -98,6 +98,26 @@ def test_bitwise_equal_to_the_numpy_reference(algorithm, shape, fmt, dtype, x_sh
                                 f"from the reference, first at {np.argwhere(diff)[0]}")
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "int8"])
+def test_subnormal_inputs_and_sums_follow_the_spec_to_the_sign_of_zero(algorithm, name):
+    """Subnormal inputs, zeros of both signs and values that cancel to subnormal sums: every
+    f32 value a quantized step adds reads a subnormal as a zero of its sign (execute.py
+    `settle`, spec/sums.py), so a GPU, which keeps subnormals, gives what XLA:CPU gives. The
+    spec (NumPy keeps subnormals) is the GPU-like side; compared bit for bit, -0 against +0."""
+    p, n = 4, 256
+    rng = np.random.default_rng(7)
+    x = rng.choice(np.array([0.0, -0.0, 1e-40, -1e-40, -3e-39, 1.2e-38, -1.3e-38, 2e-38, 1.0],
+                            np.float32), size=(p, n))
+    fmt = eq.Format.parse(name)
+    want = ref.all_reduce(x, eq.make_schedule(algorithm, (p,)), fmt)
+    rows = run(x, algorithm, fmt=fmt, shape=(p,), every_device=True)
+    for d, got in enumerate(rows):
+        diff = got.view(np.uint32) != want.view(np.uint32)
+        assert not diff.any(), (f"device {d}: {int(diff.sum())} values differ from the spec, "
+                                f"first {got[diff][0]!r} against {want[diff][0]!r}")
+
+
 def test_psum_is_the_exact_sum_within_f32_rounding():
     """lax.psum of 8 f32 inputs: within (p - 1) u sum|x_i| (u = 2^-24, any summation order)
     of the exact float64 sum, and bitwise the same on every device."""

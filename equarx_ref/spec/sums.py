@@ -9,13 +9,17 @@ Each message is what a receiver decodes: dequantize(quantize(v)) (or, with no fo
 rounded to x's dtype). A reduce hop adds it to the receiver's f32 copy; an all-to-all or a
 reduce-phase all-gather sums every device's message, the receiver's own included, in rank
 order, one f32 addition at a time; the gather phase hands everyone the owner's chunk,
-encoded once, so every device ends with the same bits.
+encoded once, so every device ends with the same bits. With a format, every f32 value a step
+adds, and every partial sum, reads a subnormal as a zero of its sign (what XLA:CPU and TPUs do
+to a subnormal operand, and what the package does explicitly everywhere else), so no sum
+depends on whether a backend flushes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .formats import F32_TINY
 from .quantize import round_trip
 
 
@@ -44,10 +48,15 @@ def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
             return v.astype(dtype).astype(np.float32)
         return round_trip(v.reshape(-1), f).reshape(v.shape)
 
+    def settle(v):  # with a format: subnormals read as zeros of their sign
+        if fmt is None:
+            return v
+        return np.where(np.abs(v) < F32_TINY, np.copysign(np.float32(0), v), v)
+
     def rank_order_sum(parts):
         total = parts[0]
         for part in parts[1:]:
-            total = total + part  # f32 additions, one at a time, rank 0 first
+            total = settle(total + part)  # f32 additions, one at a time, rank 0 first
         return total
 
     for step in (s for s in schedule.steps if s.phase == "reduce"):
@@ -56,7 +65,7 @@ def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
         if step.kind == "permute":
             for t in step.transfers:
                 for c in t.chunks:
-                    new[t.dst, c] = message(acc[t.src, c], f) + acc[t.dst, c]
+                    new[t.dst, c] = message(acc[t.src, c], f) + settle(acc[t.dst, c])
         elif step.kind == "all_to_all":
             senders = {}
             for t in step.transfers:
