@@ -107,6 +107,19 @@ def _row(ar, mesh, nll, top1, kl, nll_e, top1_e, err) -> dict:
     }
 
 
+class _Quiet:
+    """A progress bar that shows nothing (what `evaluate` uses with progress=False)."""
+
+    def set_description(self, _text):
+        pass
+
+    def update(self):
+        pass
+
+    def close(self):
+        pass
+
+
 def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAULT_FORMATS,
              extra=(), progress=True, precision=HIGHEST) -> dict:
     """Score every algorithm x format against the exact tensor-parallel run.
@@ -144,10 +157,13 @@ def evaluate(params, config, ids, mesh, *, algorithms=ALGORITHMS, formats=DEFAUL
             if not (a == "psum" and f is not None)] + list(extra)
     if not runs:
         raise ValueError(f"nothing to run for algorithms={algorithms}, formats={formats}")
-    from tqdm.auto import tqdm
-
     placed = shard_params(params, config, mesh)
-    bar = tqdm(total=len(runs) + 1, unit="run", leave=False, disable=not progress)
+    if progress:  # tqdm comes with the gemma extra; a quiet run needs none
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(runs) + 1, unit="run", leave=False)
+    else:
+        bar = _Quiet()
     bar.set_description("exact (psum f32)")
     ids_dev = jax.device_put(ids, NamedSharding(mesh, P()))
     logits, parts = forward_with_partials(placed, ids, config, mesh=mesh, precision=precision)
