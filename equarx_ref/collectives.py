@@ -131,6 +131,7 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             only when that sends fewer bytes than the unquantized message would (short
             messages padded to whole blocks can cost more; `predict.quantizing_saves_bytes`):
             a rule of the message alone, so the same call gives the same bits on every backend.
+            A format that never sends fewer bytes (8-bit inputs) is not gated.
             An int: a message of fewer bytes (the buffer's nbytes) goes unquantized; 0: never
             gate. "auto": the chip's time-model crossover (`cost.default_min_bytes`) for the
             devices of the mesh (those the collective runs on, not the default backend's), 0

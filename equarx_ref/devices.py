@@ -13,7 +13,7 @@ TPU) the `n` simulated CPU devices are, named explicitly with `jax.devices("cpu"
 
 A collective's devices are its mesh's, not the default backend's: `mesh_device_kind()` names
 them inside `shard_map` (simulated CPU devices on a single-chip TPU runtime are CPU devices),
-and `all_reduce`'s size gate reads it.
+and `all_reduce`'s chip-derived size gate (`min_bytes="auto"`) reads it.
 """
 
 from __future__ import annotations

@@ -506,8 +506,14 @@ def test_auto_size_gate_reads_the_mesh_not_the_default_backend(monkeypatch):
         return eq.all_reduce(v[0], "tp", min_bytes="auto")[None]
 
     x = jax.random.normal(jax.random.key(1), (2, 32))
-    jax.jit(jax.shard_map(body, mesh=_mesh((2,)), in_specs=P("tp"), out_specs=P("tp")))(x)
+    assert _cost_module().default_min_bytes(2, fmt=eq.Format.int8(), algorithm="ring",
+                                              device_kind="TPU v5 lite") > x[0].nbytes
+    auto = jax.jit(jax.shard_map(body, mesh=_mesh((2,)), in_specs=P("tp"),
+                                 out_specs=P("tp")))(x)
     assert kinds == [DEVICES[0].device_kind]
+    ungated = jax.jit(jax.shard_map(lambda v: eq.all_reduce(v[0], "tp", min_bytes=0)[None],
+                                    mesh=_mesh((2,)), in_specs=P("tp"), out_specs=P("tp")))(x)
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(ungated))  # quantized, as CPU
 
 
 def test_bad_size_gate_is_refused_in_one_line():

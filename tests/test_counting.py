@@ -41,15 +41,18 @@ def test_quantized_sizes_follow_the_schedule():
 
 @pytest.mark.parametrize("p", [2048, 8960, (64, 140)])
 def test_models_take_milliseconds_at_slice_scale(p):
+    """Closed forms, not schedules enumerated step by step (which at 8960 devices would take
+    minutes). Bounded in this process's CPU time, not wall time, with a margin no load on the
+    machine can eat into: the models take milliseconds."""
     fmt = eq.Format.int8()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for algorithm in ["ring", "bidir_ring"] + (["two_shot", "one_shot"] if isinstance(p, int)
                                               else []):
         n = 1 << 30
         sent = eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm)
         assert sent > 0
         assert 0 < eq.predicted_relative_error(p, fmt=fmt, algorithm=algorithm) < 1
-    assert time.perf_counter() - t0 < 0.5
+    assert time.process_time() - t0 < 10
     total = p if isinstance(p, int) else p[0] * p[1]
     ring = eq.wire_bytes(1 << 30, p, fmt=None, algorithm="ring")
     assert ring == pytest.approx(2 * (total - 1) / total * 2 * (1 << 30), rel=1e-3)
