@@ -24,8 +24,12 @@ from conftest import DEVICES
 
 TESTS = Path(__file__).resolve().parent
 
-#: Calls that pick the default backend's devices unless told which (`devices=`).
+#: Calls that pick the default backend's devices unless told which (`devices=`); a name imported
+#: from jax (`from jax import make_mesh`) is read as jax's.
 NEED_DEVICES = {"jax.make_mesh", "jax.pmap", "pmap", "jax.sharding.Mesh", "Mesh"}
+#: Calls that place on the default backend's first device unless given one (a second argument
+#: or `device=`); a line marked DEFAULT_OK may.
+NEED_DEVICE = {"jax.device_put"}
 #: Calls that name the default backend's devices: a test may call them only with a backend
 #: ("cpu"), or on a line marked DEFAULT_OK (it inspects the default backend on purpose).
 DEFAULT_DEVICES = {"jax.devices", "jax.local_devices", "jax.local_device_count",
@@ -33,23 +37,40 @@ DEFAULT_DEVICES = {"jax.devices", "jax.local_devices", "jax.local_device_count",
 DEFAULT_OK = "# default backend on purpose"
 
 
-def _name(node: ast.AST) -> str:
+def _name(node: ast.AST, imported: dict | None = None) -> str:
     if isinstance(node, ast.Name):
-        return node.id
+        return (imported or {}).get(node.id, node.id)
     if isinstance(node, ast.Attribute):
-        return f"{_name(node.value)}.{node.attr}"
+        return f"{_name(node.value, imported)}.{node.attr}"
     return ""
+
+
+def _from_jax(tree: ast.AST) -> dict[str, str]:
+    """Local names bound by `from jax... import name [as local]`, to their jax names (a name
+    of jax.sharding that jax also exports is read as jax's: `jax.make_mesh`)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jax":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                names[a.asname or a.name] = "jax.make_mesh" if a.name == "make_mesh" else full
+    return names
 
 
 def default_device_uses(source: str) -> list[tuple[int, str]]:
     """(line, call) for each call in `source` that runs on the default backend's devices."""
     lines = source.splitlines()
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    imported = _from_jax(tree)
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        name, keywords = _name(node.func), {k.arg for k in node.keywords}
-        if name in NEED_DEVICES and "devices" not in keywords and \
+        name, keywords = _name(node.func, imported), {k.arg for k in node.keywords}
+        if name in NEED_DEVICE and len(node.args) < 2 and "device" not in keywords and \
+                DEFAULT_OK not in lines[node.lineno - 1]:
+            found.append((node.lineno, name))
+        elif name in NEED_DEVICES and "devices" not in keywords and \
                 not (name.endswith("Mesh") and node.args):
             found.append((node.lineno, name))
         elif name.endswith("Mesh") and node.args and _name(getattr(node.args[0], "func", None)
@@ -83,6 +104,16 @@ def test_no_test_builds_a_mesh_or_pmap_over_the_default_devices():
     ("jax.devices('cpu')", []),
     ("jax.devices(backend='cpu')", []),
     (f"n = len(jax.devices())  {DEFAULT_OK}", []),
+    ("from jax import make_mesh\nmake_mesh((2,), ('x',))", [(2, "jax.make_mesh")]),
+    ("from jax import make_mesh as mm\nmm((2,), ('x',), devices=DEVICES[:2])", []),
+    ("from equarx_ref import make_mesh\nmake_mesh(DEVICES[:2])", []),
+    ("from jax.sharding import Mesh as M\nM(jax.devices(), ('x',))",
+     [(2, "jax.sharding.Mesh(jax.devices())"), (2, "jax.devices")]),
+    ("jax.device_put(x)", [(1, "jax.device_put")]),
+    ("from jax import device_put\ndevice_put(x)", [(2, "jax.device_put")]),
+    ("jax.device_put(x, NamedSharding(mesh, P('x')))", []),
+    ("jax.device_put(x, device=DEVICES[0])", []),
+    (f"jax.device_put(x)  {DEFAULT_OK}", []),
 ])
 def test_the_lint_finds_default_device_uses(source, found):
     assert sorted(default_device_uses(source)) == sorted(found)
