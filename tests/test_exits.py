@@ -171,3 +171,13 @@ def test_out_of_memory_is_one_line_and_status_1(error, monkeypatch, capsys):
                         lambda _args: 1 / 0)  # any other failure is a bug: its traceback
     with pytest.raises(ZeroDivisionError):
         cli.main(["demo"])
+
+
+def test_gemma_precision_choices_are_the_models():
+    """--precision offers exactly the names the model takes (gemma.model.PRECISIONS), not a copy."""
+    from equarx_ref.gemma.model import PRECISIONS
+
+    parser = cli._parser(["gemma"])
+    sub = next(a for a in parser._actions if a.dest == "command").choices["gemma"]
+    (action,) = [a for a in sub._actions if "--precision" in a.option_strings]
+    assert tuple(action.choices) == tuple(PRECISIONS) and action.default in PRECISIONS

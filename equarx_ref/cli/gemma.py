@@ -43,6 +43,7 @@ def tp_size(minimum: int):
 
 def add_gemma(sub) -> None:
     from ..formats import FORMAT_NAMES, UNQUANTIZED
+    from ..gemma.model import PRECISIONS  # jax, as quality: no heavier than the line below
     from ..gemma.quality import DEFAULT_FORMATS
     from ..schedule import ALGORITHMS
 
@@ -68,7 +69,7 @@ def add_gemma(sub) -> None:
                    help="write the report as JSON ('-' for stdout, then the table goes to stderr)")
     p.add_argument("--plot", metavar="PATH", type=figure_path, default=None,
                    help="save a figure (png, svg, pdf)")
-    p.add_argument("--precision", choices=("highest", "high", "default"), default="highest",
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="highest",
                    help="matmul precision of every run (default highest: full float32 on every "
                    "backend; 'default' lets a GPU use TF32, a TPU bf16 passes: faster, and the "
                    "numbers then depend on the chip); the report records it")
