@@ -2,7 +2,6 @@
 schedule data for every family, and fast at the sizes of real TPU slices."""
 
 import itertools
-import time
 
 import pytest
 
@@ -40,19 +39,23 @@ def test_quantized_sizes_follow_the_schedule():
 
 
 @pytest.mark.parametrize("p", [2048, 8960, (64, 140)])
-def test_models_take_milliseconds_at_slice_scale(p):
-    """Closed forms, not schedules enumerated step by step (which at 8960 devices would take
-    minutes). Bounded in this process's CPU time, not wall time, with a margin no load on the
-    machine can eat into: the models take milliseconds."""
+def test_models_count_in_closed_form_at_slice_scale(p, monkeypatch):
+    """At a real slice's size the models never build a schedule (p^2 transfers, 80 million at
+    8,960 chips): they count in closed form, which is why they take milliseconds. Checked by
+    what runs, not by a wall clock (which a loaded machine would fail by chance)."""
+    def refuse(*_args, **_kw):
+        raise AssertionError("a model built or walked a schedule at slice scale")
+
+    for module, name in ((predict, "make_schedule"), (error, "make_schedule"), (error, "walk"),
+                         (predict, "step_weights")):
+        monkeypatch.setattr(module, name, refuse)
     fmt = eq.Format.int8()
-    t0 = time.process_time()
     for algorithm in ["ring", "bidir_ring"] + (["two_shot", "one_shot"] if isinstance(p, int)
                                               else []):
         n = 1 << 30
         sent = eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm)
         assert sent > 0
         assert 0 < eq.predicted_relative_error(p, fmt=fmt, algorithm=algorithm) < 1
-    assert time.process_time() - t0 < 10
     total = p if isinstance(p, int) else p[0] * p[1]
     ring = eq.wire_bytes(1 << 30, p, fmt=None, algorithm="ring")
     assert ring == pytest.approx(2 * (total - 1) / total * 2 * (1 << 30), rel=1e-3)

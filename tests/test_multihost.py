@@ -63,14 +63,14 @@ def _one_host_with_the_flag(monkeypatch, host: int):
 
 @pytest.mark.parametrize("host", [0, 1])
 def test_a_failing_host_ends_the_run_at_once_named(monkeypatch, host):
+    """At once: the failure itself is reported (RuntimeError), not the time limit's TimeoutError
+    that waiting for the stalled peer would end in (no wall clock: a loaded machine is slow)."""
     _one_host_with_the_flag(monkeypatch, host)
-    start = time.monotonic()
     with pytest.raises(RuntimeError, match=f"worker {host} failed") as e:
         multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"], repeats=1,
                       progress=False, check=False, timeout=300)
-    elapsed = time.monotonic() - start
+    assert not isinstance(e.value, TimeoutError)
     assert FLAG in str(e.value) and "must have one CPU device" in str(e.value)
-    assert elapsed < 60, f"the failure took {elapsed:.0f} s to report (limit 300 s)"
 
 
 def _taken_port(monkeypatch, times: int):
@@ -94,21 +94,29 @@ def test_a_taken_port_is_retried(monkeypatch):
 def test_a_port_taken_every_time_is_named(monkeypatch):
     with _taken_port(monkeypatch, 3) as holder:
         port = holder.getsockname()[1]
-        start = time.monotonic()
-        with pytest.raises(RuntimeError, match=f"could not bind its port .*{port}"):
+        with pytest.raises(RuntimeError, match=f"could not bind its port .*{port}") as e:
             multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"],
                           repeats=1, progress=False, check=False, timeout=300)
-    assert time.monotonic() - start < 60
+    assert not isinstance(e.value, TimeoutError)  # named, not waited out
 
 
 @pytest.mark.parametrize("hosts", [2, 6])
-def test_the_time_limit_holds(hosts):
-    start = time.monotonic()
+def test_the_time_limit_holds(hosts, monkeypatch):
+    """50 repeats of 1 MiB take longer than 10 s: the run ends in the limit's TimeoutError
+    (were the limit not enforced, it would finish and return), every worker it started
+    stopped. Checked by outcome, not by a wall clock (a loaded machine is slow)."""
+    started = []
+    spawn = launcher._Run.spawn
+
+    def spawned(self, *args, **kw):
+        started.append(spawn(self, *args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(launcher._Run, "spawn", spawned)
     with pytest.raises(TimeoutError, match="time limit"):
         multihost.run(hosts, sizes=[1 << 20], repeats=50, progress=False, check=False,
                       timeout=10)
-    elapsed = time.monotonic() - start
-    assert elapsed < 15, f"{hosts} hosts, --timeout 10: stopped after {elapsed:.1f} s"
+    assert started and all(w.poll() is not None for w in started), "a worker outlived the run"
 
 
 @pytest.mark.parametrize("hosts, timeout, reason", [
@@ -119,18 +127,23 @@ def test_hosts_the_machine_cannot_serve_are_refused_up_front(hosts, timeout, rea
                                                             monkeypatch):
     monkeypatch.setattr(launcher, "_memory_available", lambda: 24 << 30)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
-    start = time.monotonic()
+    _nothing_starts(monkeypatch)  # up front: refused before any process, not after a while
     with pytest.raises(ValueError, match=reason):
         multihost.run(hosts, sizes=[1 << 20], progress=False, timeout=timeout)
-    assert time.monotonic() - start < 2
 
 
-def test_the_cli_refuses_them_in_one_line(capsys):
-    start = time.monotonic()
+def _nothing_starts(monkeypatch):
+    def refuse(*_args, **_kw):
+        raise AssertionError("the run started (guardian, network or workers) before refusing")
+
+    monkeypatch.setattr(launcher, "_Run", refuse)
+
+
+def test_the_cli_refuses_them_in_one_line(capsys, monkeypatch):
+    _nothing_starts(monkeypatch)
     assert cli.main(["bench", "--hosts", "100", "--timeout", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "100 hosts" in err[0], err
-    assert time.monotonic() - start < 2
 
 
 def _exit_code(argv: list[str]) -> int:
