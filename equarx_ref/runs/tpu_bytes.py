@@ -24,7 +24,7 @@ the floor agree (1.00x). The programs, on one chip, at `mib` MiB of bf16 (n valu
 compiled over p chips, n values of bf16 per chip (`tpu_compile.compile_all_reduce`, the XLA
 path); their ratio is to `lax.psum`'s bytes accessed for the same array (and to their fewest
 bytes, 4n per chip: the input read once, the result written once; what crosses the wire is not
-in "bytes accessed"). The issue's target (`TARGET`) is each ratio within 2x; the codec redesign
+in "bytes accessed"). The project's target (`TARGET`) is each ratio within 2x; the codec redesign
 that would meet it is not done, so the tests hold today's figures as regression bounds and print
 the targets beside them.
 
@@ -53,7 +53,7 @@ __all__ = ["ALGORITHMS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_byt
 
 #: The AllReduce schedules compared with `lax.psum`.
 ALGORITHMS = ("ring", "bidir_ring", "two_shot")
-#: The issue's target: every program's bytes accessed within 2x of its fewest bytes (codec
+#: The project's target: every program's bytes accessed within 2x of its fewest bytes (codec
 #: programs) or of psum's (AllReduces). Printed beside the figures, not asserted.
 TARGET = 2.0
 
