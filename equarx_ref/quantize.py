@@ -18,10 +18,10 @@ wrong side of a rounding tie, so the quantizer estimates with the reciprocal and
 every close call with one exact comparison: with a bf16 scale (8 significant bits) a midpoint
 times the scale, (q +- 1/2) s, is exact in f32, so a plain comparison with x decides; an f32
 scale is split into two halves first (`scales.split`). Stochastic rounding is exact the same way
-(`_stochastic_codes`: up from the grid value below, lo, when |x| - lo s >= (1 - u) step s, for
-bf16 and power-of-two scales; with an f32 scale the estimate x fl(1/s) + u still decides, an
-open item of issue 30). The grid values then travel as packed
-codes (elements.py), and a block's payload and scale as one uint8 buffer (wire.py).
+(`_stochastic_codes`: up from the grid value below, lo, when |x| - lo s >= (1 - u) step s; an
+f32 scale's 47-bit products are compared in integer limbs, `_at_least`). The grid values then
+travel as packed codes (elements.py), and a block's payload and scale as one uint8 buffer
+(wire.py).
 
 Error. For integer grids the step is `s`, so round-to-nearest is off by at most s/2 and
 stochastic rounding by less than one step, with zero mean. For float grids (fp8, fp4) the step
@@ -80,7 +80,8 @@ from jax import lax
 
 from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
-from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split
+from .scales import (apply_scale, block_scales, pow2, range_factor, reciprocal, split,
+                     split_up)
 
 __all__ = ["Quantized", "dequantize", "quantize", "zero_subnormals"]
 
@@ -197,6 +198,36 @@ def _nearest_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format) -> jax
     return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 
+def _minus(a: jax.Array, n: jax.Array, S: jax.Array) -> jax.Array:
+    """a - n S for an f32 scale S (24 bits), n of at most 12 bits: its sign always exact, its
+    value exact when n = floor(a / S). S = head + tail (`split_up`, tail <= 0), so n head and
+    n tail are exact; a - n head is exact within a factor 2 of each other (Sterbenz) and for
+    n = floor(a / S), and otherwise dwarfs n tail, so the last subtraction keeps the sign."""
+    head, tail = split_up(S)
+    return (a - n * head) - n * tail
+
+
+def _at_least(r: jax.Array, m: jax.Array, S: jax.Array) -> jax.Array:
+    """r >= m 2^-23 S, exactly, for f32 0 <= r < S (normal or zero) and int32 1 <= m <= 2^23.
+
+    f32 cannot hold m S (47 bits), so both sides are compared as integers in units of
+    2^-23 ulp(S), each in two 24-bit limbs of int32: r 2^23 / ulp(S) = R 2^sh with R r's
+    significand and sh = 23 - (S's exponent - r's), and m S / ulp(S) = m Si from 12-bit
+    halves of m and of S's significand Si. Integer operations only: no float environment.
+    """
+    rb, sb = lax.bitcast_convert_type(r, jnp.int32), lax.bitcast_convert_type(S, jnp.int32)
+    R = jnp.where(rb >> 23 > 0, rb & 0x7FFFFF | 0x800000, 0)
+    Si = sb & 0x7FFFFF | 0x800000
+    sh = (rb >> 23) - (sb >> 23) + 23  # <= 23 (r < S); below 0, R 2^sh < 2^23 <= m Si
+    shc = jnp.clip(sh, 0, 23)
+    lhs_hi, lhs_lo = R >> (24 - shc), (R << shc) & 0xFFFFFF  # R << shc wraps: low bits kept
+    m1, m0, s1, s0 = m >> 12, m & 0xFFF, Si >> 12, Si & 0xFFF
+    mid = m1 * s0 + m0 * s1  # < 2^25
+    low = m0 * s0 + ((mid & 0xFFF) << 12)  # < 2^25
+    rhs_hi, rhs_lo = m1 * s1 + (mid >> 12) + (low >> 24), low & 0xFFFFFF
+    return (sh >= 0) & ((lhs_hi > rhs_hi) | ((lhs_hi == rhs_hi) & (lhs_lo >= rhs_lo)))
+
+
 def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
                       u: jax.Array) -> jax.Array:
     """Stochastic rounding, exactly: |x| / s goes to the grid value below it, lo, or the one
@@ -204,14 +235,23 @@ def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
     with probability (|x| / s - lo) / (hi - lo): unbiased); the sign is x's; int32 codes.
 
     `v = x * fl(1/s)` only guesses: the binade (float grids) and lo are settled by exact
-    comparisons, the products all exact for a bf16 or power-of-two scale (8 significant bits
-    against at most 12 of lo, hi or a binade's top). r = |x| - lo s is exact (Sterbenz), and
-    1 - u (23 bits) is split in two 12-bit halves, so the decision is the sign of
-    (r - w_head S) - w_tail S with exact products: no rounding of 1/s or contraction moves it.
-    x and s come scaled by `range_factor`: nothing here is subnormal.
+    comparisons, and r = |x| - lo s is exact. With a bf16 or power-of-two scale (8
+    significant bits against at most 12 of lo, hi or a binade's top) every product is exact
+    in f32, and 1 - u (23 bits) is split in two 12-bit halves, so the decision is the sign of
+    (r - w_head S) - w_tail S. An f32 scale (24 bits) takes `_minus` for lo and r and
+    `_at_least`, integer limbs, for the decision. No rounding of 1/s or contraction moves
+    either. x and s come scaled by `range_factor`: nothing here is subnormal.
     """
     S0 = jnp.where(s > 0, s, 0.0)
-    a = jnp.minimum(jnp.abs(x), fmt.elem_max * S0)  # saturate (floor rule, stepped scales)
+    wide = fmt.scale_dtype == "float32"  # 24-bit scale: its products are not exact in f32
+    if wide:  # past the top only for a scale stepped down near f32's maximum: saturates
+        over = _minus(jnp.abs(x), fmt.elem_max, S0) > 0
+        a = jnp.where(over, 0.0, jnp.abs(x))
+        below = lambda n, S: _minus(a, n, S) < 0  # a < n S
+    else:
+        over = False
+        a = jnp.minimum(jnp.abs(x), fmt.elem_max * S0)  # saturate (floor rule, stepped scales)
+        below = lambda n, S: a < n * S  # exact products: <= 12 + 8 bits
     t = jnp.minimum(jnp.abs(v), fmt.elem_max)
     if fmt.is_int:
         S, base = S0, None
@@ -225,32 +265,35 @@ def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
         S = S0 * unit  # exact: a power of two
         t = t * lax.bitcast_convert_type(0x7F000000 - base, jnp.float32)  # t / unit, exact
     n = jnp.floor(t)
-    n = jnp.where(a < n * S, n - 1, n)  # exact products: <= 12 + 8 bits
-    n = jnp.where(a >= (n + 1) * S, n + 1, n)
-    r = a - n * S  # exact
+    n = jnp.where(below(n, S), n - 1, n)
+    n = jnp.where(below(n + 1, S), n, n + 1)
     w = 1.0 - u  # exact: u is a multiple of 2^-23
-    w_head = lax.bitcast_convert_type(lax.bitcast_convert_type(w, jnp.int32) & -4096,
-                                      jnp.float32)
-    up = (r - w_head * S) - (w - w_head) * S >= 0
+    if wide:
+        up = _at_least(_minus(a, n, S), (w * 2.0**23).astype(jnp.int32), S)
+    else:
+        r = a - n * S  # exact
+        w_head = lax.bitcast_convert_type(lax.bitcast_convert_type(w, jnp.int32) & -4096,
+                                          jnp.float32)
+        up = (r - w_head * S) - (w - w_head) * S >= 0
     c = (n + up).astype(jnp.int32)
     if fmt.is_int:
+        c = jnp.where(over, int(fmt.elem_max), c)
         c = jnp.where(s > 0, jnp.minimum(c, int(fmt.elem_max)), 0)
         return jnp.where(jnp.signbit(x), -c, c)
     kmin_bits = (127 + fmt.min_exponent - fmt.mant_bits) << 23
     mag = ((base - kmin_bits) >> (23 - fmt.mant_bits)) + c
+    mag = jnp.where(over, len(fmt.grid) - 1, mag)
     mag = jnp.where(s > 0, jnp.minimum(mag, len(fmt.grid) - 1), 0)
     return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 
-def _round_to_grid(v: jax.Array, fmt: Format, key: jax.Array | None) -> jax.Array:
-    """Round element-unit values |v| <= elem_max onto the format's grid (f32 result)."""
+def _round_to_grid(v: jax.Array, fmt: Format) -> jax.Array:
+    """Round element-unit values |v| <= elem_max onto the format's grid, nearest, ties to even
+    (f32 result). For MX scales, where v = x 2^-k is exact, so rounding it is exact too."""
     v = jnp.clip(v, -fmt.elem_max, fmt.elem_max)
     k = None if fmt.is_int else _ulp_exponent(v, fmt)
     r = v if k is None else v * pow2(-k)  # exact: a power of two
-    if key is None:
-        r = jnp.round(r)  # round half to even
-    else:
-        r = jnp.floor(r + jax.random.uniform(key, r.shape, jnp.float32))
+    r = jnp.round(r)  # round half to even
     r = r if k is None else r * pow2(k)
     return jnp.clip(r, -fmt.elem_max, fmt.elem_max)
 
@@ -309,7 +352,7 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
         inv = _once(inv, amax)[..., None]
         v = jnp.where(finite, xb * inv, 0.0)  # exact: a power of two
         if u is None:
-            return encode_elements(_round_to_grid(v, fmt, None), fmt), stored
+            return encode_elements(_round_to_grid(v, fmt), fmt), stored
         ok = (stored > 0) & (stored < 255)  # not tiny, finite: s = 2^k, k >= -125
         s = jnp.where(ok, pow2(jnp.clip(stored.astype(jnp.int32) - 127, -126, 127)), 0.0)
         factor = range_factor(s, fmt)
@@ -322,10 +365,8 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     inv = jnp.where(s > 0, reciprocal(s), 0.0)[..., None]  # an estimate (`reciprocal`)
     xb, s = xb * factor[..., None], s[..., None]
     v = jnp.where(finite, xb * inv, 0.0)
-    if u is not None and fmt.scale_dtype == "bfloat16" and _midpoint_bits(fmt) + 8 <= 24:
+    if u is not None:
         return pack_codes(_stochastic_codes(xb, v, s, fmt, u), fmt), stored
-    if u is not None:  # f32 scales: lo s is not exact in f32 (open: issue 30), the estimate decides
-        return encode_elements(_round_to_grid(v, fmt, key), fmt), stored
     return pack_codes(_nearest_codes(xb, v, s, fmt), fmt), stored  # exact round(x / s)
 
 

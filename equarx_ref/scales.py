@@ -73,6 +73,15 @@ def split(s: jax.Array) -> tuple[jax.Array, jax.Array]:
     return head, s - head
 
 
+def split_up(s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """s = head + tail exactly, head s rounded up to 12 significant bits, so tail <= 0 (with
+    |tail| below head's last bit): n head and n tail are exact for n of at most 12 bits, and
+    for n = floor(a / s) so is a - n head (it lies in (-s, s), a multiple of s's last bit)."""
+    bits = lax.bitcast_convert_type(s, jnp.uint32)
+    head = lax.bitcast_convert_type((bits + 0xFFF) & jnp.uint32(0xFFFFF000), jnp.float32)
+    return head, s - head
+
+
 def tiny_exponent(fmt: Format) -> int:
     """The tiny-block threshold as a biased f32 exponent (the spec's `tiny_exponent`): a block
     is tiny when its amax's exponent field is below emax_elem + 2 - g, 2^g the grid's smallest

@@ -103,11 +103,49 @@ def test_every_product_feeding_an_add_or_a_comparison_is_exact(name):
     assert np.array_equal(fused, unfused)
 
 
-@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp4", "int7/b8"])
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp4", "int7/b8", "int8/f32",
+                                  "int4/f32", "fp8_e4m3/f32"])
 def test_stochastic_rounding_ignores_the_reciprocal_s_last_bits(name, monkeypatch):
-    """Stochastic rounding (bf16 and E8M0 scales) with 1/s off by +-2 ulps: the spec's codes."""
+    """Stochastic rounding with 1/s off by +-2 ulps: the spec's codes."""
     from test_reference import stochastic_errors
 
     _inexact_reciprocal(monkeypatch)
     errors = stochastic_errors(name, KINDS)
     assert not errors, "\n".join(errors)
+
+
+def _near_ties(n=4000, seed=0):
+    """f32 scales S with full 24-bit significands, multipliers m in [1, 2^23] and remainders
+    r < S within two f32 ulps of m 2^-23 S (on it, where it is an f32): the 47-bit near-ties
+    that no f32 product can resolve."""
+    rng = np.random.default_rng(seed)
+    S = (rng.integers(2**23, 2**24, n) * 2.0 ** rng.integers(-90, 40, n)).astype(np.float32)
+    S[:8] = np.float32((2**24 - 1) * 2.0**-20)  # the top of a binade: `split_up` carries
+    m = rng.integers(1, 2**23 + 1, n)
+    m[:4] = 2**23
+    r = (m * 2.0**-23 * S.astype(np.float64)).astype(np.float32)  # the nearest f32
+    r = (r.view(np.int32) + rng.integers(-2, 3, n).astype(np.int32)).view(np.float32)
+    return np.minimum(r, np.nextafter(S, np.float32(0))), m.astype(np.int32), S
+
+
+def test_stochastic_decision_with_an_f32_scale_is_exact():
+    """`_at_least(r, m, S)` is r >= m 2^-23 S as float64 decides it (both sides exact there),
+    at near-ties no f32 product can see; `_minus(a, n, S)` is a - n S exactly for
+    n = floor(a / S), and its sign is right for n one off either way."""
+    r, m, S = _near_ties()
+    S64 = S.astype(np.float64)
+    want = r.astype(np.float64) >= m * 2.0**-23 * S64
+    got = np.asarray(jax.jit(quantize_module._at_least)(r, m, S))
+    assert 0.2 < want.mean() < 0.8 and np.array_equal(got, want), np.flatnonzero(got != want)[:5]
+
+    rng = np.random.default_rng(1)
+    n = rng.integers(0, 2048, r.size)  # int12's codes: 11 bits
+    a = ((n + rng.random(r.size)) * S64).astype(np.float32)
+    floor = np.floor(a / S64)
+    unfused = a - (floor * S64).astype(np.float32)  # a * b rounded, then - : a GPU's a - n S
+    assert np.sum(unfused != a - floor * S64) > r.size // 4  # so the data needs the split
+    minus = jax.jit(quantize_module._minus)
+    assert np.array_equal(np.asarray(minus(a, floor.astype(np.float32), S)), a - floor * S64)
+    for k in (np.maximum(floor - 1, 0), floor + 1):
+        got = np.sign(np.asarray(minus(a, k.astype(np.float32), S)))
+        assert np.array_equal(got, np.sign(a - k * S64))

@@ -281,12 +281,13 @@ def test_non_finite_blocks(name, mode):
 
 
 SR_FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "int7/b8",
-              "mxfp6_e3m2/floor", "int8/b8", "int12"]
+              "mxfp6_e3m2/floor", "int8/b8", "int12", "int8/f32", "int4/f32", "fp8_e4m3/f32",
+              "int12/f32", "int3/f32/b8"]
 
 
 def stochastic_errors(name, kinds=REGULAR):
     """Stochastic rounding (key 0) by the package under jit and by the spec with the same
-    uniforms: readable differences (bf16 and E8M0 scales, whose SR is exact)."""
+    uniforms: readable differences."""
     fmt = eq.Format.parse(name)
     x = np.concatenate([v for k, v in dataset(name).items() if k in kinds])
     key = jax.random.key(0)

@@ -37,11 +37,11 @@ XLA:GPU's x/y and 1/y are not always correctly rounded. So:
   tests of exponent bits; every other block's scale makes every value it dequantizes to a
   normal f32, so no result is ever subnormal either;
 - every product that feeds an addition or a comparison is exact in f32 (the package's JAX
-  code splits an f32 scale into 12-bit halves for that), so contracting it into an FMA
+  code splits an f32 scale into 12-bit halves for that, and compares the 47-bit products of
+  stochastic rounding with an f32 scale in integer limbs), so contracting it into an FMA
   changes nothing;
 - a division or reciprocal is only ever an estimate; exact comparisons settle every case
-  whatever its last few bits (the package's stochastic rounding with an f32 scale is the one
-  exception left: its estimate still decides).
+  whatever its last few bits.
 
 Edge cases: a NaN or infinity makes the block's scale non-finite (E8M0: the NaN byte 255),
 its payload 0 and its values NaN; dequantized values saturate to f32's finite range.
