@@ -242,7 +242,7 @@ def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
     `_at_least`, integer limbs, for the decision. No rounding of 1/s or contraction moves
     either. x and s come scaled by `range_factor`: nothing here is subnormal.
     """
-    S0 = jnp.where(s > 0, s, 0.0)
+    S0 = jnp.where((s > 0) & (s < jnp.inf), s, 0.0)  # a zero or non-finite scale: a zero payload
     wide = fmt.scale_dtype == "float32"  # 24-bit scale: its products are not exact in f32
     if wide:  # past the top only for a scale stepped down near f32's maximum: saturates
         over = _minus(jnp.abs(x), fmt.elem_max, S0) > 0
@@ -278,12 +278,12 @@ def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
     c = (n + up).astype(jnp.int32)
     if fmt.is_int:
         c = jnp.where(over, int(fmt.elem_max), c)
-        c = jnp.where(s > 0, jnp.minimum(c, int(fmt.elem_max)), 0)
+        c = jnp.where(S0 > 0, jnp.minimum(c, int(fmt.elem_max)), 0)
         return jnp.where(jnp.signbit(x), -c, c)
     kmin_bits = (127 + fmt.min_exponent - fmt.mant_bits) << 23
     mag = ((base - kmin_bits) >> (23 - fmt.mant_bits)) + c
     mag = jnp.where(over, len(fmt.grid) - 1, mag)
-    mag = jnp.where(s > 0, jnp.minimum(mag, len(fmt.grid) - 1), 0)
+    mag = jnp.where(S0 > 0, jnp.minimum(mag, len(fmt.grid) - 1), 0)
     return jnp.where(jnp.signbit(x), mag | 1 << (fmt.elem_bits - 1), mag)
 
 

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -182,3 +183,17 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     xor = [e ^ g for e, g in zip(expected, got, strict=True)]
     assert xor == [0, 0, 0, 1] + [0] * (len(got) - 4), xor
     assert "values" in lines
+
+
+def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):
+    """The stochastic-rounding path is checked too: with the f32-scale decision broken (every
+    value rounded down), the check fails and names that path."""
+    from equarx_ref.runs import check
+
+    quantize_module = sys.modules["equarx_ref.quantize"]
+    monkeypatch.setattr(quantize_module, "_at_least", lambda r, m, S: jnp.zeros(r.shape, bool))
+    monkeypatch.setattr(check, "_codec", functools.cache(check._codec.__wrapped__))
+    assert cli.main(["check"]) == 1
+    text = capsys.readouterr().out
+    assert "first difference: int8/f32, gaussian, by to_bytes(quantize(x, key=jax.random.key(0)))" \
+        in text, text

@@ -285,7 +285,7 @@ SR_FORMATS = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp
               "int12/f32", "int3/f32/b8"]
 
 
-def stochastic_errors(name, kinds=REGULAR):
+def stochastic_errors(name, kinds=(*REGULAR, "non-finite")):
     """Stochastic rounding (key 0) by the package under jit and by the spec with the same
     uniforms: readable differences."""
     fmt = eq.Format.parse(name)

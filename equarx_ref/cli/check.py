@@ -14,8 +14,9 @@ from .options import table, writable, write_json
 def add_check(sub) -> None:
     p = sub.add_parser("check", help=COMMANDS["check"][0],
                        description="Quantize the spec's data classes with every check format "
-                       "on this machine's default device (jit), by to_bytes(quantize(x)) and by "
-                       "the collectives' encode, and run a small all_reduce per algorithm; "
+                       "on this machine's default device (jit), by to_bytes(quantize(x)), by "
+                       "the collectives' encode and with stochastic rounding (the spec given the "
+                       "same uniforms), and run a small all_reduce per algorithm; "
                        "compare every byte and value with the NumPy spec (equarx_ref.spec). "
                        "Exit status 1 on a difference, showing the first differing block.")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,

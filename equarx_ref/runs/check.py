@@ -3,8 +3,10 @@
 Every check format (the public `FORMAT_NAMES`, a six-bit MX float, a bit-packed odd width and
 an f32 scale) quantizes every data class of the spec (`spec.data`) on the default device under
 `jit`, by both of the package's paths to the wire, `to_bytes(quantize(x))` and `wire.encode`
-(the collectives'); the bytes, and the dequantized values, must be the spec's to the bit (a
-non-finite block's scale bytes excepted: any NaN or infinity). Then a small `all_reduce` on
+(the collectives'), and with stochastic rounding (`quantize(x, key=...)`, the spec given the
+same uniforms: jax's PRNG draws the same bits on every backend); the bytes, and the
+dequantized values, must be the spec's to the bit (a non-finite block's scale bytes excepted:
+any NaN or infinity). Then a small `all_reduce` on
 the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
 the first differing block: its values, the expected and the received bytes.
 """
@@ -33,12 +35,19 @@ CHECK_FORMATS = (*FORMAT_NAMES, "mxfp6_e2m3", "int7/b8", "int8/f32")
 REDUCE_CASES = (("ring", "int8", 1000), ("one_shot", "int4/b16", 999), ("two_shot", "mxfp8", 999))
 
 
+#: The key of the stochastic-rounding check.
+KEY = 0
+
+
 @functools.cache
 def _codec(fmt: Format):
-    """jit of both paths to the wire and back: (to_bytes(quantize), encode, dequantize)."""
+    """jit of both paths to the wire and back, and of stochastic rounding: (to_bytes(quantize),
+    encode, dequantize, to_bytes(quantize(key)), the uniforms it drew)."""
     def run(x, padded):
-        q = quantize(x, fmt)
-        return to_bytes(q), encode(padded[None], fmt)[0], dequantize(q)
+        q, key = quantize(x, fmt), jax.random.key(KEY)
+        uniforms = jax.random.uniform(key, padded.reshape(-1, fmt.block_size).shape)
+        return (to_bytes(q), encode(padded[None], fmt)[0], dequantize(q),
+                to_bytes(quantize(x, fmt, key=key)), uniforms)
     return jax.jit(run)
 
 
@@ -67,13 +76,19 @@ def check_format(name: str) -> dict:
         want = spec.quantize_blocks(spec.to_blocks(x, fmt.block_size), fmt)
         wire, fixed = spec.wire_bytes(want), spec.fixed_bytes(want)
         padded = jnp.asarray(spec.to_blocks(x, fmt.block_size).ravel())
-        got, encoded, values = (np.asarray(a) for a in _codec(fmt)(jnp.asarray(x), padded))
+        got, encoded, values, rounded, u = (np.asarray(a) for a in
+                                            _codec(fmt)(jnp.asarray(x), padded))
+        stochastic = spec.wire_bytes(spec.quantize_blocks(spec.to_blocks(x, fmt.block_size),
+                                                          fmt, uniforms=u))
         expect = want.values.ravel()[: x.size]
         finite = np.repeat(want.finite, fmt.block_size)[: x.size]
         if not np.array_equal(got[fixed], wire[fixed]):
             out[cls] = {"path": "to_bytes(quantize(x))", **_first_block(fmt, x, wire, got, fixed)}
         elif not np.array_equal(encoded[fixed], wire[fixed]):
             out[cls] = {"path": "wire.encode", **_first_block(fmt, x, wire, encoded, fixed)}
+        elif not np.array_equal(rounded[fixed], stochastic[fixed]):
+            out[cls] = {"path": f"to_bytes(quantize(x, key=jax.random.key({KEY})))",
+                        **_first_block(fmt, x, stochastic, rounded, fixed)}
         elif not (np.array_equal(values[finite].view(np.uint32), expect[finite].view(np.uint32))
                   and not np.isfinite(values[~finite]).any()):
             i = int(np.flatnonzero(~((values == expect) | ~finite & ~np.isfinite(values)))[0])
