@@ -30,15 +30,15 @@ Microscaling (OCP MX v1.0: `mxfp8`, `mxfp6_e2m3`, `mxfp6_e3m2`, `mxfp4`, `mxint8
 to a bare power of two, stored as an E8M0 exponent byte, one per 32 values (8.25, 6.25 and 4.25
 bits; six-bit elements are bit-packed like int6). Two rules choose the exponent (`scale_rule`):
 
-- "ceil" (default): 2^ceil(log2(amax / elem_max)), the smallest power of two with which no
-  element clips: a documented departure from the specification, so that the reference never
-  saturates a value;
-- "floor": the specification's 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the
-  element format's largest normal (e4m3: 8, e2m1: 2, e2m3: 2, e3m2: 4; mxint8: 6 in integer
-  units, the spec's 1.6 fixed point times 2^6). It is one step finer than "ceil" on the blocks
-  whose amax mantissa exceeds elem_max's, and saturates (clips) their largest values to
-  +-elem_max, by design: spec-conformant bytes. `str(Format("mxfp8", scale_rule="floor"))` is
-  "mxfp8/floor".
+- "floor" (default): the specification's 2^(floor(log2(amax)) - emax_elem), emax_elem the
+  exponent of the element format's largest normal (e4m3: 8, e2m1: 2, e2m3: 2, e3m2: 4; mxint8:
+  6 in integer units, the spec's 1.6 fixed point times 2^6), as torchao's `to_mx` and hardware
+  converters compute it: the bytes other MX implementations send. It is one step finer than
+  "ceil" on the blocks whose amax mantissa exceeds elem_max's, and saturates (clips) their
+  largest values to +-elem_max, by design;
+- "ceil", on request: 2^ceil(log2(amax / elem_max)), the smallest power of two with which no
+  element clips (error within half a grid step everywhere, like the other formats).
+  `str(Format("mxfp8", scale_rule="ceil"))` is "mxfp8/ceil".
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Format:
     `Format("mxfp8", scale_rule="floor")`, or the presets `Format.int8()`, `Format.int4()`,
     `Format.fp8_e4m3()`, `Format.fp8_e5m2()`, `Format.mxfp8()`, `Format.mxfp6()`,
     `Format.mxfp4()`. `str(fmt)` is a short name that `Format.parse` reads back: "int8",
-    "int4/b16", "fp8_e4m3/f32", "mxfp8", "mxfp6_e2m3/floor".
+    "int4/b16", "fp8_e4m3/f32", "mxfp8", "mxfp6_e2m3/ceil".
 
     Attributes:
         name: the element type: "int8", "int4", another integer width "int2" ... "int12"
@@ -131,15 +131,15 @@ class Format:
             always E8M0).
         block_size: values sharing one scale.
         scale_dtype: "bfloat16", "float32" or "e8m0" (a power-of-two exponent byte, as in MX).
-        scale_rule: for E8M0 scales, "ceil" (default: no element clips) or "floor" (OCP MX
-            v1.0: clips by design; module essay). Other scale types take "ceil" only (their
-            scale is the smallest covering value).
+        scale_rule: for E8M0 scales, "floor" (default: OCP MX v1.0, clips by design; module
+            essay) or "ceil" (no element clips). Other scale types take "ceil" only (their
+            scale is the smallest covering value); None picks the scale type's default.
     """
 
     name: str
     block_size: int = 32
     scale_dtype: str | None = None  # None: bfloat16, or e8m0 for the MX names
-    scale_rule: str = "ceil"
+    scale_rule: str | None = None  # None: "floor" for E8M0 scales, else "ceil"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or (self.name not in _ELEMENTS and
@@ -161,6 +161,8 @@ class Format:
             rule = "even" if unit == 2 else f"a multiple of {unit}"
             raise ValueError(f"{self.elem_bits}-bit elements are bit-packed: a block must fill "
                              f"whole bytes, so block_size must be {rule}, got {self.block_size}")
+        if self.scale_rule is None:
+            object.__setattr__(self, "scale_rule", "floor" if scale == "e8m0" else "ceil")
         if self.scale_rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
         if self.scale_rule != "ceil" and scale != "e8m0":
@@ -189,18 +191,18 @@ class Format:
         return cls("fp8_e5m2", block_size, scale_dtype)
 
     @classmethod
-    def mxfp8(cls, block_size: int = 32, scale_rule: str = "ceil") -> Format:
+    def mxfp8(cls, block_size: int = 32, scale_rule: str = "floor") -> Format:
         """OCP MXFP8: e4m3 elements, one power-of-two E8M0 scale per 32 values (8.25 bits)."""
         return cls("mxfp8", block_size, "e8m0", scale_rule)
 
     @classmethod
-    def mxfp4(cls, block_size: int = 32, scale_rule: str = "ceil") -> Format:
+    def mxfp4(cls, block_size: int = 32, scale_rule: str = "floor") -> Format:
         """OCP MXFP4: e2m1 elements, one power-of-two E8M0 scale per 32 values (4.25 bits)."""
         return cls("mxfp4", block_size, "e8m0", scale_rule)
 
     @classmethod
     def mxfp6(cls, element: str = "e2m3", block_size: int = 32,
-              scale_rule: str = "ceil") -> Format:
+              scale_rule: str = "floor") -> Format:
         """OCP MXFP6: e2m3 (default) or e3m2 elements, bit-packed, one E8M0 scale per 32
         values (6.25 bits)."""
         if element not in ("e2m3", "e3m2"):
@@ -211,7 +213,7 @@ class Format:
     @classmethod
     def parse(cls, text: str) -> Format:
         """Read a format name as `str(fmt)` writes it: "int8", "int4/b16", "fp8_e4m3/f32",
-        "mxfp8/floor".
+        "mxfp8/ceil".
 
         Options after the name, separated by "/": "bN" (block size N), a scale type
         ("bf16", "f32", "e8m0") and a scale rule ("floor", "ceil"). Raises ValueError naming
@@ -221,7 +223,7 @@ class Format:
             raise TypeError(f"Format.parse reads a format's text such as 'int4/b16', got "
                             f"{type(text).__name__}")
         name, *options = text.strip().lower().split("/")
-        block, scale, rule = 32, None, "ceil"
+        block, scale, rule = 32, None, None
         for opt in options:
             if re.fullmatch(r"b\d+", opt):
                 block = int(opt[1:])
@@ -248,14 +250,15 @@ class Format:
             parts.append(f"b{self.block_size}")
         if self.scale_dtype != default_scale:
             parts.append(_SCALE_LONG[self.scale_dtype])
-        if self.scale_rule != "ceil":
+        if self.scale_rule != ("floor" if self.scale_dtype == "e8m0" else "ceil"):
             parts.append(self.scale_rule)
         return "/".join(parts)
 
     def describe(self) -> str:
         """A longer label: 'int8 (block 32, bfloat16 scale, 8.5 bits)'."""
         scale = "" if self.is_mx else f", {self.scale_dtype} scale"
-        scale += ", OCP floor scale rule" if self.scale_rule == "floor" else ""
+        scale += (", ceil scale rule: no clipping" if self.scale_dtype == "e8m0" and
+                  self.scale_rule == "ceil" else "")
         return f"{self} (block {self.block_size}{scale}, {self.bits_per_element:g} bits)"
 
     # ---- derived facts -------------------------------------------------------------------

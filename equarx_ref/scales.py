@@ -19,10 +19,10 @@ zero and GPUs keep.
 Scales are rounded up to their dtype: a bf16 scale is at most 2^-7 (relative) above
 amax / elem_max, which is all the precision a coarse scale costs.
 
-MX formats use a power-of-two scale 2^k stored as an E8M0 byte k + 127: by default
-k = ceil(log2(amax / elem_max)), so nothing clips; with `scale_rule="floor"` OCP MX v1.0's
-k = floor(log2(amax)) - emax_elem, and the elements that land above elem_max saturate to it
-(see formats.py for the trade-off).
+MX formats use a power-of-two scale 2^k stored as an E8M0 byte k + 127: by default OCP MX
+v1.0's k = floor(log2(amax)) - emax_elem, and the elements that land above elem_max saturate
+to it; with `scale_rule="ceil"` k = ceil(log2(amax / elem_max)), so nothing clips (see
+formats.py for the trade-off).
 
 The scales of the edge cases (quantize.py's essay says what becomes of their values): a tiny
 block (`is_tiny`, read off amax's exponent bits; the all-zero block among them) gets 0 (E8M0:

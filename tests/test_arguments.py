@@ -434,7 +434,7 @@ CLASSES = {
                     "mxfp8/f32", "int8/floor", "bf16/b32"],
     "block size": [0, -32, 2.5, "32", True, None, 1 << 17],
     "scale dtype": ["f16", "e4m3", 16, True],
-    "scale rule": ["round", "", 5, None],
+    "scale rule": ["round", "", 5],
     "mxfp6 element": ["e4m3", 6, None],
     "algorithm": ["tree", "", None, 5, ["ring"]],
     "hop bits": ["wide", "", None, 5, True],

@@ -31,7 +31,7 @@ from equarx_ref.spec import data as spec_data
 GOLDEN = Path(__file__).parent / "fixtures" / "spec_golden.json"
 #: Every element type the package names, every scale type and rule, odd widths and blocks.
 FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2",
-           "fp6_e3m2", "fp4_e2m1", "mxint8", "mxfp8/floor", "int8/f32", "int4/f32", "int7/b8",
+           "fp6_e3m2", "fp4_e2m1", "mxint8", "mxfp8/ceil", "int8/f32", "int4/f32", "int7/b8",
            "int3/b8", "int12", "int8/b64")
 CLASSES = tuple(spec_data.CLASSES)
 #: The fused hop runs in TPU interpret mode (a second or so a call): these classes only.

@@ -269,12 +269,17 @@ def test_step_weights_follow_the_schedule():
 
 
 def test_mx_names_and_scale_rules():
-    for text in ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp8/floor", "mxfp4/b16/floor", "int9/b64",
-                 "mxfp6_e3m2/floor", "fp6_e2m3/f32", "mxint8/floor"]:
+    for text in ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp8/ceil", "mxfp4/b16/ceil", "int9/b64",
+                 "mxfp6_e3m2/ceil", "fp6_e2m3/f32", "mxint8/ceil", "mxint8"]:
         assert str(F(text)) == text
+    # OCP MX v1.0's floor rule is the default: naming it changes nothing
+    assert F("mxfp8/floor") == F("mxfp8") == eq.Format.mxfp8() == eq.Format("mxfp8")
+    assert eq.Format("mxfp8").scale_rule == "floor" and eq.Format("int8").scale_rule == "ceil"
+    assert eq.Format("int8", scale_dtype="e8m0").scale_rule == "floor"
+    assert F("mxfp4/b16/floor") == F("mxfp4/b16") and str(F("mxfp4/b16/floor")) == "mxfp4/b16"
     assert F("mxfp6_e2m3").bits_per_element == 6.25 and F("int6").bits_per_element == 6.5
-    assert eq.Format.mxfp6("e3m2", scale_rule="floor") == F("mxfp6_e3m2/floor")
-    assert eq.Format("mxfp8", scale_rule="floor") != eq.Format.mxfp8()
+    assert eq.Format.mxfp6("e3m2", scale_rule="ceil") == F("mxfp6_e3m2/ceil")
+    assert eq.Format("mxfp8", scale_rule="ceil") != eq.Format.mxfp8()
     assert [f.emax_elem for f in map(F, ["mxfp8", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2"])] == \
         [8, 2, 2, 4]
     with pytest.raises(ValueError, match="scale_rule"):
@@ -301,8 +306,8 @@ def test_floor_rule_clips_by_design_and_ceil_never_does():
         np.testing.assert_array_equal(np.asarray(eq.dequantize(q))[:3], want, err_msg=rule)
 
 
-FLOOR_CASES = [("ring", 8, "mxfp8/floor"), ("two_shot", 5, "mxfp6_e2m3"),
-               ("one_shot", 3, "mxfp6_e3m2/floor"), ("bidir_ring", 4, "mxfp4/floor")]
+FLOOR_CASES = [("ring", 8, "mxfp8"), ("two_shot", 5, "mxfp6_e2m3/ceil"),
+               ("one_shot", 3, "mxfp6_e3m2"), ("bidir_ring", 4, "mxfp4/ceil")]
 
 
 @pytest.mark.parametrize("algorithm,p,name", FLOOR_CASES)
@@ -323,7 +328,7 @@ def test_both_scale_rules_on_the_same_data():
     """One quantization of the same Gaussian values: the floor rule (finer scale on about
     half the blocks, clipping their top values) against the no-clip ceil rule."""
     errors = {str(f): eq.gaussian_relative_error(f) for f in map(F, [
-        "mxfp8", "mxfp8/floor", "mxfp6_e2m3", "mxfp6_e2m3/floor", "mxfp4", "mxfp4/floor"])}
+        "mxfp8", "mxfp8/ceil", "mxfp6_e2m3", "mxfp6_e2m3/ceil", "mxfp4", "mxfp4/ceil"])}
     for name in ("mxfp8", "mxfp6_e2m3", "mxfp4"):
-        assert 0 < errors[f"{name}/floor"] < 1.5 * errors[name], errors
+        assert 0 < errors[name] < 1.5 * errors[f"{name}/ceil"], errors
     assert errors["mxfp6_e2m3"] < errors["mxfp4"] and errors["mxfp8"] < errors["mxfp6_e2m3"]

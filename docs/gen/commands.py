@@ -26,7 +26,7 @@ COMMANDS = {
     "model-v5e.json": "equarx-ref model --chip v5e --json equarx_ref/data/model-v5e.json",
     "outliers.json": "equarx-ref outliers --no-progress --json equarx_ref/data/outliers.json",
     "sweep.json": "equarx-ref sweep --p 2 4 8 16 --algorithms ring bidir_ring two_shot one_shot "
-                  "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/floor mxfp6_e2m3 mxfp4 --remedies none "
+                  "--formats int8 int4 fp8_e4m3 mxfp8 mxfp8/ceil mxfp6_e2m3 mxfp4 --remedies none "
                   "sr rotate adaptive rotate+adaptive --data gaussian outliers --size 16384 "
                   "--chip v5e --json equarx_ref/data/sweep.json",
     "train.json": "equarx-ref train --no-progress --json equarx_ref/data/train.json",

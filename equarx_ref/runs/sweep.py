@@ -45,7 +45,7 @@ __all__ = ["DATA", "DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_P", "REMEDI
 
 DEFAULT_P = (2, 4, 8, 16)
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
-DEFAULT_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp8/floor", "mxfp6_e2m3", "mxfp4")
+DEFAULT_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp8/ceil", "mxfp6_e2m3", "mxfp4")
 #: Remedies by name: the `AllReduce` fields they set.
 REMEDIES = {"none": {}, "sr": {"stochastic_seed": 0}, "rotate": {"rotate": True},
             "adaptive": {"hop_bits": "adaptive"},

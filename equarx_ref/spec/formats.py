@@ -1,8 +1,8 @@
 """Formats as plain data: each format name's element grid, its bits, and the scale types.
 
 A format is read from its public fields only: `name` (the element type), `block_size`,
-`scale_dtype` ("bfloat16", "float32" or "e8m0") and, for E8M0, `scale_rule` ("ceil" or
-"floor"). The package's `Format` carries them; so may any object with those attributes.
+`scale_dtype` ("bfloat16", "float32" or "e8m0") and, for E8M0, `scale_rule` ("floor", OCP MX
+v1.0's and the default, or "ceil"). The package's `Format` carries them; so may any object with those attributes.
 
 Element grids come from ml_dtypes, not from the package: code i of a float element (sign bit
 clear) has the value ml_dtypes gives its bit pattern; a symmetric integer of N bits has the
@@ -62,5 +62,7 @@ def is_int(name: str) -> bool:
 
 
 def scale_rule(fmt) -> str:
-    """"floor" (OCP MX v1.0) or "ceil" (the default: the smallest scale that covers amax)."""
-    return getattr(fmt, "scale_rule", "ceil")
+    """"floor" (OCP MX v1.0: E8M0 scales' default) or "ceil" (the smallest scale that covers
+    amax: every other scale type's rule, and E8M0's on request)."""
+    rule = getattr(fmt, "scale_rule", None)
+    return rule or ("floor" if getattr(fmt, "scale_dtype", None) == "e8m0" else "ceil")

@@ -3,9 +3,10 @@
     bf16/f32  the smallest scale-dtype value s with s * elem_max >= amax; if that
               s * elem_max exceeds f32's maximum, the scale-dtype value just below it
               (the block's largest elements then saturate at +-elem_max)
-    E8M0 (MX) 2^k, k = ceil(log2(amax / elem_max)), stored as the byte k + 127; or, with the
-              OCP MX v1.0 floor rule, k = floor(log2(amax)) - emax_elem (emax_elem the
-              exponent of the grid's largest value), elements saturating at +-elem_max
+    E8M0 (MX) 2^k stored as the byte k + 127: by OCP MX v1.0's floor rule (the default),
+              k = floor(log2(amax)) - emax_elem (emax_elem the exponent of the grid's
+              largest value), elements saturating at +-elem_max; by the ceil rule, on
+              request, k = ceil(log2(amax / elem_max)), so nothing clips
 
 Every comparison is exact: s has at most 24 significant bits and elem_max at most 12, so
 s * elem_max is exact in float64; no division decides anything (a quotient is only a guess,
