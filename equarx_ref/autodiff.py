@@ -26,9 +26,11 @@ silent zero); vmap of grad batches the rules. Forward mode of the quantized back
 jacfwd, linearize under `check_vma=False`) is refused by jax with a TypeError (a `custom_vjp`
 has no jvp). `jax.linear_transpose` of an unquantized sum transposes it as psum; a quantized one
 rounds, is not linear, and is refused in one line (`jax.vjp` gives its straight-through
-transpose). A rounding key is an argument of the rules, never a closure: a key traced by an
-enclosing `jit` (an argument, or made in the trace by `AllReduce(stochastic_seed=)`) would
-otherwise leak into the backward pass.
+transpose), and so is an unquantized sum sent in another dtype than a leaf's (`dtype=`): the
+casts round, and psum's transpose in the leaf's dtype would silently skip them (`jax.vjp`
+differentiates them, in the dtype sent). A rounding key is an argument of the rules, never a
+closure: a key traced by an enclosing `jit` (an argument, or made in the trace by
+`AllReduce(stochastic_seed=)`) would otherwise leak into the backward pass.
 
 Pytrees. Leaves are flattened into one buffer in the dtype `dtype` (default: the leaves' common
 dtype, `jnp.result_type`), cut into buckets at leaf boundaries (a leaf larger than
@@ -221,7 +223,8 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
     forward only. The tangent is `lax.psum`'s, the cotangent psum's transpose
     (`backward="psum"`) or `reduce` itself (`backward="quantized"`, where psum's transpose
     communicates). `linear`: the forward is an unquantized sum, which `jax.linear_transpose`
-    transposes as psum; a quantized one rounds, so it is not linear and is refused there.
+    transposes as psum; a quantized one rounds, so it is not linear and is refused there, as is
+    an unquantized one whose leaves are cast to another dtype to be sent.
     """
     dtype = check_tree_args(backward, bucket_bytes, dtype)
     if tree is None:  # an empty pytree to jax, but here surely a mistake
@@ -238,6 +241,12 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             raise TypeError("jax.linear_transpose: all_reduce with a quantized fmt is not linear "
                             "(it rounds), so it has no transpose; use jax.vjp (its derivative "
                             "is psum's, straight-through) or fmt=None")
+        cast = sorted({str(v.dtype) for v in leaves if v.dtype != buf_dtype})
+        if cast:  # psum's transpose in the leaves' dtypes would silently skip the casts
+            raise TypeError(f"jax.linear_transpose: all_reduce sends {'/'.join(cast)} values as "
+                            f"{buf_dtype} (dtype=), a cast that rounds, so it is not linear and "
+                            f"has no transpose; use jax.vjp (its derivative is psum's, in "
+                            f"{buf_dtype}) or leaves of the dtype sent")
         return jax.tree.map(psum, tree)  # an unquantized sum: transposed as psum is
     vma = checks_vma(axes)
     invariant = vma and any(not set(axes) <= varying_axes(v) for v in leaves)
