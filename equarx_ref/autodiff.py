@@ -58,11 +58,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._checks import count, dtype_alias
+from ._jax_private import private
 
-try:  # what linear_transpose traces with (no public name): see _transposing
-    from jax._src.interpreters import partial_eval as pe
-except ImportError:  # pragma: no cover - a jax without it: the check is skipped
-    pe = None
+# What linear_transpose traces with (no public name; None in a jax without it: the check is
+# skipped, and jax's own error stands): see _transposing.
+_JAXPR_TRACER = private("jax._src.interpreters.partial_eval:JaxprTracer", None)
 
 __all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "check_tree_args",
            "checks_vma", "reduce_tree", "straight_through", "varying_axes"]
@@ -198,9 +198,8 @@ def _transposing(leaves) -> bool:
     """True while `jax.linear_transpose` traces the collective: its inputs are then unknown
     values of a partial evaluation, which no other transformation hands to `all_reduce` (jvp,
     grad and linearize apply the custom rule first)."""
-    tracer = getattr(pe, "JaxprTracer", None)
-    return tracer is not None and any(isinstance(v, tracer) and not v.is_known()
-                                      for v in leaves)
+    return _JAXPR_TRACER is not None and any(isinstance(v, _JAXPR_TRACER) and not v.is_known()
+                                             for v in leaves)
 
 
 def _caller_stacklevel() -> int:
