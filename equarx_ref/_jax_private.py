@@ -1,13 +1,14 @@
 """The private jax names this package reaches for, listed in one place.
 
 A few things have no public name in jax: which values `jax.linear_transpose` is tracing (to
-refuse a collective that is not linear), whether a backend has started (to compile for a TPU
-without one), where TPU interpret mode keeps its race detector. The package reads each through
-`private("module:attribute.path", default)`, which answers the default where the installed jax
-lacks it (the caller then falls back, or says what it cannot do), and refuses a name missing
-from `PRIVATE_JAX`, so the list below is every private name the package uses. The tests resolve
-every entry against the installed jax (tests/test_jax_private.py), so an upgrade that moves or
-removes one fails there, naming it, instead of quietly turning a refusal off.
+refuse a collective that is not linear), whether forward-mode autodiff is (to refuse, in the
+package's words, a rule that is reverse mode only), whether a backend has started (to compile
+for a TPU without one), where TPU interpret mode keeps its race detector. The package reads
+each through `private("module:attribute.path", default)`, which answers the default where the
+installed jax lacks it (the caller then falls back, or says what it cannot do), and refuses a
+name missing from `PRIVATE_JAX`, so the list below is every private name the package uses. The
+tests resolve every entry against the installed jax (tests/test_jax_private.py), so an upgrade
+that moves or removes one fails there, naming it, instead of quietly turning a refusal off.
 
 An entry is (who uses it, alternatives): the names, newest jax first; the first that resolves
 is the one used. A name is "module:attr.path"; a last attribute that a class only declares (an
@@ -26,6 +27,14 @@ PRIVATE_JAX = (
      ("jax._src.interpreters.partial_eval:JaxprTracer",)),
     ("autodiff._transposing: whether such a value is unknown",
      ("jax._src.interpreters.partial_eval:JaxprTracer.is_known",)),
+    ("autodiff._forward_mode: values jax.jvp and jax.jacfwd trace",
+     ("jax._src.interpreters.ad:JVPTracer",)),
+    ("autodiff._forward_mode: values jax.linearize and jax.vjp trace",
+     ("jax._src.interpreters.ad:LinearizeTracer",)),
+    ("autodiff._forward_mode: a tracer's trace",
+     ("jax._src.core:Tracer._trace",)),
+    ("autodiff._forward_mode: linearize (False) or vjp (True)",
+     ("jax._src.interpreters.ad:LinearizeTrace.is_vjp",)),
     ("runs.tpu_compile.prepare_environment: has a backend started",
      ("jax._src.xla_bridge:backends_are_initialized",)),
     ("kernels.backend: TPU interpret mode's race detector state",

@@ -171,8 +171,8 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
         TypeError: a leaf that is not floating point, leaves without a common dtype and no
             `dtype=`, `fmt` not a Format, `key` not a PRNG key, `rotate` not a bool, a count
             not an integer; `jax.linear_transpose` of a quantized fmt or of leaves cast to
-            another `dtype`; forward mode (jvp) of
-            backward="quantized" where it communicates (jax: a custom_vjp has no jvp).
+            another `dtype`; forward mode (jvp, jacfwd, linearize) of
+            backward="quantized" where it communicates (a custom_vjp has no jvp).
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
