@@ -6,6 +6,8 @@ at least `minimum` and at most `maximum`. A flag is True or False (1 is not a fl
 is a real, finite int or float (not a bool, not a string). A value dtype is a floating dtype
 (what `all_reduce` sums). Anything else is refused with a message naming the argument and the
 value. An array is anything `jnp.asarray` takes (with `floating=True`, of a floating dtype).
+`all_reduce`'s size gate `min_bytes` is None, "auto" or a byte count >= 0, checked here for
+every entry point that takes it (`all_reduce`, `AllReduce`, `wire_bytes`), in one wording.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DTYPE_ALIASES", "array", "count", "dtype_alias", "flag", "number", "value_dtype"]
+__all__ = ["DTYPE_ALIASES", "array", "count", "dtype_alias", "flag", "min_bytes", "number",
+           "value_dtype"]
 
 #: The short names the package prints for dtypes (tables, formats: "bf16"), read back.
 DTYPE_ALIASES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32",
@@ -31,6 +34,29 @@ def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> 
         allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{what} must be {allowed}, got {value}")
     return value
+
+
+def min_bytes(value, *, chipless: str | None = None):
+    """The size gate `min_bytes`: None (quantize when that sends fewer bytes), "auto" (the
+    chip's crossover) or a byte count >= 0, returned as is (a count as an int). Anything else is
+    refused in the one wording below, whichever entry point took it. `chipless` names a caller
+    that cannot read a chip, which refuses "auto" (a good value elsewhere) by saying so."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value == "auto":
+        if chipless is not None:
+            raise ValueError(f"min_bytes='auto' needs the chip, which {chipless} cannot read: "
+                             f"pass the chip's crossover, cost.default_min_bytes(...), as an int")
+        return value
+    rule = (f"min_bytes must be None (quantize when that sends fewer bytes), 'auto' (the chip's "
+            f"crossover) or a byte count >= 0, got {value!r}")
+    if isinstance(value, str):
+        raise ValueError(rule)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(rule)
+    if value < 0:
+        raise ValueError(rule)
+    return int(value)
 
 
 def flag(value, what: str) -> bool:

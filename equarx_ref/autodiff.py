@@ -20,15 +20,18 @@ every device and its transpose sends nothing, so there is nothing to quantize: t
 psum's (and jvp keeps working).
 
 Every order, every transformation: right or refused. The quantized backward's passes are
-themselves straight-through (both call the `custom_jvp`), so forward over reverse (`jax.hessian`,
-jvp of grad) and reverse over reverse differentiate psum, not the rounding (which would be a
-silent zero); vmap of grad batches the rules. Forward mode of the quantized backward (jvp,
-jacfwd, linearize under `check_vma=False`) is refused by jax with a TypeError (a `custom_vjp`
-has no jvp). `jax.linear_transpose` of an unquantized sum transposes it as psum; a quantized one
-rounds, is not linear, and is refused in one line (`jax.vjp` gives its straight-through
-transpose). A rounding key is an argument of the rules, never a closure: a key traced by an
-enclosing `jit` (an argument, or made in the trace by `AllReduce(stochastic_seed=)`) would
-otherwise leak into the backward pass.
+themselves straight-through (both call the `custom_jvp`), so forward over reverse
+(`jax.hessian`, jvp of grad) and reverse over reverse differentiate psum, not the rounding
+(which would be a silent zero); vmap of grad batches the rules. Forward mode of the quantized
+backward (jvp, jacfwd, linearize under `check_vma=False`) is refused in one line naming
+all_reduce (a `custom_vjp` has no jvp; jax's own TypeError stands where its private tracer
+types are gone). `jax.linear_transpose` of an unquantized sum transposes it as psum; a
+quantized one rounds, is not linear, and is refused in one line (`jax.vjp` gives its
+straight-through transpose), and so is an unquantized sum sent in another dtype than a leaf's
+(`dtype=`): the casts round, and psum's transpose in the leaf's dtype would silently skip them
+(`jax.vjp` differentiates them, in the dtype sent). A rounding key is an argument of the rules,
+never a closure: a key traced by an enclosing `jit` (an argument, or made in the trace by
+`AllReduce(stochastic_seed=)`) would otherwise leak into the backward pass.
 
 Pytrees. Leaves are flattened into one buffer in the dtype `dtype` (default: the leaves' common
 dtype, `jnp.result_type`), cut into buckets at leaf boundaries (a leaf larger than
@@ -56,11 +59,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._checks import count, dtype_alias
+from ._jax_private import private
 
-try:  # what linear_transpose traces with (no public name): see _transposing
-    from jax._src.interpreters import partial_eval as pe
-except ImportError:  # pragma: no cover - a jax without it: the check is skipped
-    pe = None
+# What linear_transpose traces with (no public name; None in a jax without it: the check is
+# skipped, and jax's own error stands): see _transposing.
+_JAXPR_TRACER = private("jax._src.interpreters.partial_eval:JaxprTracer", None)
+# What forward mode traces with (jvp, jacfwd; linearize's trace says it is not a vjp): see
+# _forward_mode (None: jax's own TypeError stands).
+_JVP_TRACER = private("jax._src.interpreters.ad:JVPTracer", None)
+_LINEARIZE_TRACER = private("jax._src.interpreters.ad:LinearizeTracer", None)
 
 __all__ = ["BACKWARDS", "InvariantInputWarning", "bucket_leaves", "check_tree_args",
            "checks_vma", "reduce_tree", "straight_through", "varying_axes"]
@@ -196,9 +203,21 @@ def _transposing(leaves) -> bool:
     """True while `jax.linear_transpose` traces the collective: its inputs are then unknown
     values of a partial evaluation, which no other transformation hands to `all_reduce` (jvp,
     grad and linearize apply the custom rule first)."""
-    tracer = getattr(pe, "JaxprTracer", None)
-    return tracer is not None and any(isinstance(v, tracer) and not v.is_known()
-                                      for v in leaves)
+    return _JAXPR_TRACER is not None and any(isinstance(v, _JAXPR_TRACER) and not v.is_known()
+                                             for v in leaves)
+
+
+def _forward_mode(leaves) -> bool:
+    """True while forward-mode autodiff traces the collective: `jax.jvp` and `jax.jacfwd` hand
+    it JVP tracers, `jax.linearize` linearize tracers of a trace that is not a vjp's (`jax.grad`
+    and `jax.vjp` linearize too, and then transpose)."""
+    for v in leaves:
+        if _JVP_TRACER is not None and isinstance(v, _JVP_TRACER):
+            return True
+        if _LINEARIZE_TRACER is not None and isinstance(v, _LINEARIZE_TRACER) and \
+                getattr(getattr(v, "_trace", None), "is_vjp", True) is False:
+            return True
+    return False
 
 
 def _caller_stacklevel() -> int:
@@ -221,7 +240,8 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
     forward only. The tangent is `lax.psum`'s, the cotangent psum's transpose
     (`backward="psum"`) or `reduce` itself (`backward="quantized"`, where psum's transpose
     communicates). `linear`: the forward is an unquantized sum, which `jax.linear_transpose`
-    transposes as psum; a quantized one rounds, so it is not linear and is refused there.
+    transposes as psum; a quantized one rounds, so it is not linear and is refused there, as is
+    an unquantized one whose leaves are cast to another dtype to be sent.
     """
     dtype = check_tree_args(backward, bucket_bytes, dtype)
     if tree is None:  # an empty pytree to jax, but here surely a mistake
@@ -238,6 +258,12 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             raise TypeError("jax.linear_transpose: all_reduce with a quantized fmt is not linear "
                             "(it rounds), so it has no transpose; use jax.vjp (its derivative "
                             "is psum's, straight-through) or fmt=None")
+        cast = sorted({str(v.dtype) for v in leaves if v.dtype != buf_dtype})
+        if cast:  # psum's transpose in the leaves' dtypes would silently skip the casts
+            raise TypeError(f"jax.linear_transpose: all_reduce sends {'/'.join(cast)} values as "
+                            f"{buf_dtype} (dtype=), a cast that rounds, so it is not linear and "
+                            f"has no transpose; use jax.vjp (its derivative is psum's, in "
+                            f"{buf_dtype}) or leaves of the dtype sent")
         return jax.tree.map(psum, tree)  # an unquantized sum: transposed as psum is
     vma = checks_vma(axes)
     invariant = vma and any(not set(axes) <= varying_axes(v) for v in leaves)
@@ -248,6 +274,11 @@ def reduce_tree(tree, axes: tuple[str, ...], reduce, *, backward: str = "psum",
             f"replicated); summing it multiplies it by {lax.axis_size(group)}. In a data-parallel "
             f"step call lax.pcast(params, {group!r}, to='varying') before jax.grad."),
             stacklevel=_caller_stacklevel())
+    if backward == "quantized" and not vma and _forward_mode(leaves):
+        raise TypeError("all_reduce: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.linearize) "
+                        "is not supported with backward='quantized' under check_vma=False, whose "
+                        "quantized cotangent is a reverse-mode rule; use reverse mode (jax.grad, "
+                        "jax.vjp) or backward='psum' (its tangent is psum's)")
     out = [None] * len(leaves)
     buckets = bucket_leaves([v.size for v in leaves], buf_dtype.itemsize, bucket_bytes)
     for b, members in enumerate(buckets):

@@ -153,7 +153,8 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
             it changes something only where psum's transpose communicates, i.e. under
             `check_vma=False`). Derivatives of every order are psum's (`jax.hessian`,
             jvp of grad); `jax.linear_transpose` transposes fmt=None as psum and refuses a
-            quantized fmt (not linear). See `autodiff.py`.
+            quantized fmt, or leaves cast to another `dtype` to be sent (not linear). See
+            `autodiff.py`.
         bucket_bytes: a pytree's leaves are cut into buckets of at most this many bytes (of
             `dtype`) at leaf boundaries, one collective each, like PyTorch DDP's
             `bucket_cap_mb`; a larger leaf goes alone. None (default): one buffer.
@@ -169,8 +170,9 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
     Raises:
         TypeError: a leaf that is not floating point, leaves without a common dtype and no
             `dtype=`, `fmt` not a Format, `key` not a PRNG key, `rotate` not a bool, a count
-            not an integer; `jax.linear_transpose` of a quantized fmt; forward mode (jvp) of
-            backward="quantized" where it communicates (jax: a custom_vjp has no jvp).
+            not an integer; `jax.linear_transpose` of a quantized fmt or of leaves cast to
+            another `dtype`; forward mode (jvp, jacfwd, linearize) of
+            backward="quantized" where it communicates (a custom_vjp has no jvp).
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an

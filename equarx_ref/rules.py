@@ -8,9 +8,10 @@ even where fmt=None or "psum" ignores it, so a typo never waits for the configur
 would read it.
 
 In the order they are checked: the algorithm with its format and pipeline depth
-(`schedule.check_algorithm`); the size gate `min_bytes` (None, "auto" or a count >= 0); the
-remedies (`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt,
-and a rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
+(`schedule.check_algorithm`); the size gate `min_bytes` (None, "auto" or a count >= 0:
+`_checks.min_bytes`, which `wire_bytes` shares, so both word a refusal alike); the remedies
+(`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt, and a
+rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
 over one mesh axis, round to nearest, no remedies); the pytree arguments
 (`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map`
 (or `vmap`, `pmap`), or a pair of distinct ones; a key must be one typed key or one raw uint32
@@ -23,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import count, flag
+from ._checks import flag
+from ._checks import min_bytes as check_min_bytes
 from .autodiff import check_tree_args
 from .formats import Format
 from .models.hops import HOP_BITS, check_hop_bits
@@ -61,17 +63,6 @@ def check_key(key) -> None:
     if not (typed and key.shape == ()) and not raw:
         raise TypeError(f"key must be one jax.random.key (or PRNGKey) for stochastic rounding, "
                         f"or None, got {key!r}")
-
-
-def check_min_bytes(min_bytes) -> None:
-    """The size gate: None (bytes saved, the default), "auto" (the chip's crossover) or a count
-    of bytes >= 0."""
-    if min_bytes is None or (isinstance(min_bytes, str) and min_bytes == "auto"):
-        return
-    if isinstance(min_bytes, str):
-        raise ValueError(f"min_bytes must be None (quantize when that sends fewer bytes), "
-                         f"'auto' (the chip's crossover) or a byte count >= 0, got {min_bytes!r}")
-    count(min_bytes, "min_bytes", minimum=0)
 
 
 def check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bool,

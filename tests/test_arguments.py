@@ -293,7 +293,7 @@ ARGUMENTS = {
     **{(f, a): c for f in ["wire_bytes", "predicted_time", "best_num_chunks"]
        for a, c in [("n", "size"), ("p", "devices"), ("fmt", "format or None"),
                     ("algorithm", "algorithm"), ("dtype", "value dtype")]},
-    ("wire_bytes", "num_chunks"): "count", ("wire_bytes", "min_bytes"): "size or None",
+    ("wire_bytes", "num_chunks"): "count", ("wire_bytes", "min_bytes"): "size gate, no chip",
     ("wire_bytes", "hop_bits"): "hop bits",
     ("predicted_time", "num_chunks"): "count", ("predicted_time", "chip"): "chip",
     ("best_num_chunks", "chip"): "chip", ("best_num_chunks", "max_chunks"): "count",
@@ -419,9 +419,9 @@ CLASSES = {
     "count": _COUNT,
     "count or None": _COUNT[:-1],
     "size": _SIZE,
-    "size or None": _SIZE[:-1],
     "matmul precision": ["fast", "tf32", "", None, 3, b"highest"],
     "size gate": [*_SIZE[:-1], "Auto", "fast", "", b"auto"],   # None, "auto" or a size
+    "size gate, no chip": [*_SIZE[:-1], "Auto", "fast", "", b"auto", "auto"],  # None or a size
     "sample count": [1023, *_COUNT],
     "seed": [-1, 2.5, "0", True, None],
     "seed or None": [-1, 2.5, "0", True, 2**64],  # a seed jax.random.key cannot take
@@ -633,6 +633,26 @@ CONFIGS = [
     ({"algorithm": "psum", "fmt": None, "min_bytes": 10}, None),
     ({"fmt": None, "algorithm": "one_shot", "num_chunks": 1}, None),
 ]
+
+
+#: Size gates no entry point takes: each is refused by every one in the same words.
+BAD_SIZE_GATES = [-1, np.int64(-3), 2.5, True, "Auto", "fast", "", b"auto"]
+
+
+@pytest.mark.parametrize("bad", BAD_SIZE_GATES, ids=[repr(b) for b in BAD_SIZE_GATES])
+def test_every_entry_point_words_a_bad_size_gate_alike(bad):
+    """`all_reduce`, `AllReduce` and `wire_bytes` share one `min_bytes` checker: one type, one
+    message, one line."""
+    outcomes = []
+    for call in (lambda: _all_reduce(X, "tp", min_bytes=bad),
+                 lambda: _all_reduce_object(X, "tp", min_bytes=bad),
+                 lambda: eq.wire_bytes(1000, 4, fmt=INT8, algorithm="ring", min_bytes=bad)):
+        with pytest.raises((ValueError, TypeError)) as e:
+            call()
+        outcomes.append((type(e.value), str(e.value)))
+    assert len(set(outcomes)) == 1, f"the entry points word min_bytes={bad!r} differently: " \
+        f"{outcomes}"
+    assert outcomes[0][1].startswith("min_bytes must be None") and "\n" not in outcomes[0][1]
 
 
 @pytest.mark.parametrize(("config", "word"), CONFIGS,

@@ -287,15 +287,19 @@ def test_every_order_and_transformation_is_psums_or_refused(backward, check_vma)
     """#wrong, derivatives: a hessian through the quantized backward was all zeros (forward
     over reverse differentiated the rounding). Now every transformation gives psum's result
     bitwise, or a clear TypeError (forward mode of the quantized backward, where it
-    communicates: jax refuses jvp of a custom_vjp)."""
+    communicates: a custom_vjp has no jvp; refused in one line naming all_reduce, where it was
+    jax's own message)."""
     def run(build, red):
         return np.asarray(smap(lambda v: build(red, v[0])[None], P(AX), check_vma)(X))
 
     for name, build in {**HIGHER, **FORWARD}.items():
         want = run(build, _psum_or(None))
         if name in FORWARD and backward == "quantized" and not check_vma:
-            with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+            with pytest.raises(TypeError, match=r"^all_reduce: forward-mode autodiff \(jax.jvp, "
+                               r"jax.jacfwd, jax.linearize\) is not supported with "
+                               r"backward='quantized' .* use reverse mode") as e:
                 run(build, _psum_or(backward))
+            assert "\n" not in str(e.value), name
             continue
         got = run(build, _psum_or(backward))
         assert np.abs(want).sum() > 0, name
@@ -325,6 +329,38 @@ def test_linear_transpose_is_psums_or_refused():
                                               err_msg=(algorithm, backward, check_vma))
         with pytest.raises(TypeError, match=r"quantized fmt is not linear .* use jax.vjp"):
             transpose(functools.partial(ar, fmt=INT8), check_vma)(X)
+
+
+def test_linear_transpose_of_a_cast_sum_is_refused():
+    """#wrong, linear_transpose of fmt=None sent in another dtype (`dtype=`): it was psum's
+    transpose in the leaf's dtype, skipping the casts the forward makes (f32 leaves sent as bf16
+    came back unrounded, unlike jax.vjp's). The casts round, so it is refused in one line; a
+    sum sent in the leaves' own dtype still transposes as psum."""
+    def transpose(red, check_vma, leaf_dtype, pytree=False):
+        def body(v):
+            x = v[0].astype(leaf_dtype)
+            ct = lax.psum(x, AX) if check_vma else x
+            if pytree:  # leaves of two dtypes, sent in their common one
+                x, ct = (x, v[0].astype(jnp.bfloat16)), (ct, ct.astype(jnp.bfloat16))
+            return jax.tree.leaves(jax.linear_transpose(red, x)(ct))[0][None]
+        return smap(body, P(AX), check_vma)
+
+    for check_vma in (True, False):
+        for algorithm in ("ring", "psum"):
+            for leaf_dtype, dtype in ((jnp.float32, "bfloat16"), (jnp.bfloat16, "float32")):
+                red = functools.partial(ar, fmt=None, algorithm=algorithm, dtype=dtype)
+                with pytest.raises(TypeError, match=r"^jax.linear_transpose: all_reduce sends "
+                                   r"\S+ values as \w+ \(dtype=\), a cast that rounds") as e:
+                    transpose(red, check_vma, leaf_dtype)(X)
+                assert "\n" not in str(e.value)
+            with pytest.raises(TypeError, match=r"sends bfloat16 values as float32"):
+                transpose(functools.partial(ar, fmt=None, algorithm=algorithm), check_vma,
+                          jnp.float32, pytree=True)(X)
+            same = functools.partial(ar, fmt=None, algorithm=algorithm, dtype="f32")
+            np.testing.assert_array_equal(
+                np.asarray(transpose(same, check_vma, jnp.float32)(X)),
+                np.asarray(transpose(functools.partial(lax.psum, axis_name=AX), check_vma,
+                                     jnp.float32)(X)))
 
 
 def test_a_traced_key_does_not_leak_from_the_backward():

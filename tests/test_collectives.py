@@ -524,7 +524,8 @@ def test_bad_size_gate_is_refused_in_one_line():
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"'auto' .*chip's crossover"):
         eq.AllReduce(min_bytes="AUTO")
-    with pytest.raises(ValueError, match="wire_bytes cannot read a chip"):
+    with pytest.raises(ValueError, match=r"^min_bytes='auto' needs the chip, which wire_bytes "
+                                         r"cannot read"):
         eq.wire_bytes(256, 8, fmt=eq.Format.int8(), algorithm="ring", min_bytes="auto")
 
 

@@ -28,14 +28,17 @@ import logging
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
+from .._jax_private import private
+
 __all__ = ["RaceLog", "interpret_params", "on_tpu", "race_detecting"]
 
 _MARK = "RACE DETECTED"  # how every report begins, printed or logged
 
-_RACE_MODULES = (  # where jax keeps the interpreter's shared state, newest first
-    "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
-    "jax._src.pallas.mosaic.interpret",
-)
+_ABSENT = object()  # a name jax lacks (the state itself may be None)
+
+#: Where jax keeps the interpreter's shared state, newest first (listed in `PRIVATE_JAX`).
+_RACE_NAMES = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call:races",
+               "jax._src.pallas.mosaic.interpret:races")
 
 
 def on_tpu() -> bool:
@@ -86,15 +89,11 @@ def race_detecting(**options) -> pltpu.InterpretParams:
 
 
 def _race_state():
-    for name in _RACE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "races"):
-            return module
+    for name in _RACE_NAMES:
+        if private(name, _ABSENT) is not _ABSENT:  # races is None until a kernel runs
+            return importlib.import_module(name.partition(":")[0])
     raise RuntimeError(f"cannot find TPU interpret mode's race detector state in jax "
-                       f"{jax.__version__} (looked in {', '.join(_RACE_MODULES)})")
+                       f"{jax.__version__} (looked for {', '.join(_RACE_NAMES)})")
 
 
 class RaceLog:

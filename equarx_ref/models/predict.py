@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from .._checks import count, value_dtype
+from .._checks import min_bytes as check_min_bytes
 from ..formats import Format
 from ..schedule import check_algorithm, device_shape, layout, make_schedule
 from ..wire import encoded_bytes
@@ -74,11 +75,7 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     itemsize = dtype.itemsize
     if hop_bits not in HOP_BITS:
         raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
-    if min_bytes == "auto":
-        raise ValueError("wire_bytes cannot read a chip: for min_bytes='auto' pass the chip's "
-                         "crossover, cost.default_min_bytes(...), as an int")
-    if min_bytes is not None:
-        min_bytes = count(min_bytes, "min_bytes", minimum=0)
+    min_bytes = check_min_bytes(min_bytes, chipless="wire_bytes")
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     if fmt is not None and algorithm != "psum" and (

@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
+from equarx_ref._jax_private import private
 
 __all__ = ["TOPOLOGIES", "LibtpuMissing", "compile_all_reduce", "compile_gemma", "compile_hop",
            "compile_on_chip", "libtpu_version", "prepare_environment", "source_digest",
@@ -86,9 +87,8 @@ def prepare_environment(topology: str = "v5e:2x4") -> None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR.get(chip, "v5litepod-8"))
     for name, value in _ENV.items():
         os.environ.setdefault(name, value)
-    from jax._src import xla_bridge  # has a backend started already?
-
-    if not xla_bridge.backends_are_initialized():
+    started = private("jax._src.xla_bridge:backends_are_initialized", None)  # no public name
+    if started is not None and not started():  # unknown: leave the platforms alone
         jax.config.update("jax_platforms", "cpu")
 
 
