@@ -5,7 +5,10 @@ contraction, how a division or a reciprocal rounds. What a CPU can emulate is te
   1/y is correctly rounded for 87% of values), perturbed by up to +-2 ulps per element: the
   bits stay the spec's;
 - flushing: the spec run on inputs whose subnormals are flushed or kept gives the same bits (a
-  subnormal input reads as a signed zero by rule), and no dequantized value is subnormal;
+  subnormal input reads as a signed zero by rule), and no dequantized value is subnormal; and
+  the package's quantizer computed as a GPU computes it, subnormal operands kept: its jaxpr
+  evaluated op by op in NumPy (IEEE f32, which XLA:CPU is not: it flushes, so the quantizer
+  run on XLA:CPU cannot show a rule it lacks), bitwise the spec;
 - contraction: fusing a*b + c into one rounding changes nothing when a*b is exact, so every
   product that feeds an addition or a comparison must fit f32's 24 bits: the bit budgets of
   each format are checked, and the fused and unfused forms compared in NumPy (float64 holds
@@ -19,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jcore
 from test_reference import _check, dataset
 
 import equarx_ref as eq
@@ -79,6 +83,100 @@ def test_flushing_subnormals_changes_no_bit(name):
     assert np.array_equal(a.values.view(np.uint32), b.values.view(np.uint32))
     v = np.abs(a.values)
     assert np.all((v == 0) | (v >= spec.F32_TINY))
+
+
+def _shift(x, y, kind):
+    """lax's shifts in NumPy: a shift by the width or more gives 0 (or the sign)."""
+    bits = x.dtype.itemsize * 8
+    big = (y < 0) | (y >= bits)
+    y = np.where(big, 0, y).astype(x.dtype)
+    if kind == "left":
+        return np.where(big, 0, np.left_shift(x, y))
+    if kind == "arithmetic":
+        return np.where(big, np.where(x < 0, -1, 0), np.right_shift(x, y))
+    u = x.view(f"uint{bits}")
+    return np.where(big, 0, np.right_shift(u, y.astype(u.dtype))).astype(u.dtype).view(x.dtype)
+
+
+def _integer_div(x, y):  # lax.div of integers rounds towards zero
+    q = np.abs(x) // np.abs(y)
+    return np.where((x < 0) != (y < 0), -q, q)
+
+
+_NUMPY = {
+    "abs": np.abs, "add": np.add, "sub": np.subtract, "mul": np.multiply, "neg": np.negative,
+    "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert, "max": np.maximum,
+    "min": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "gt": np.greater,
+    "ge": np.greater_equal, "floor": np.floor, "is_finite": np.isfinite, "sign": np.sign,
+    "div": lambda x, y: _integer_div(x, y) if x.dtype.kind in "iu" else x / y,
+    "shift_left": lambda x, y: _shift(x, y, "left"),
+    "shift_right_arithmetic": lambda x, y: _shift(x, y, "arithmetic"),
+    "shift_right_logical": lambda x, y: _shift(x, y, "logical"),
+    "select_n": lambda c, *cases: np.choose(c.astype(np.int32), cases),
+    "stack": lambda *xs, axis: np.stack(xs, axis=axis),
+    "concatenate": lambda *xs, dimension: np.concatenate(xs, axis=dimension),
+    "convert_element_type": lambda x, new_dtype, **_: x.astype(new_dtype),
+    "bitcast_convert_type": lambda x, new_dtype, **_: x.view(new_dtype),
+    "reshape": lambda x, new_sizes, **_: x.reshape(new_sizes),
+    "reduce_max": lambda x, axes, **_: np.max(x, axis=tuple(axes)),
+    "reduce_sum": lambda x, axes, **_: np.sum(x, axis=tuple(axes), dtype=x.dtype),
+    "round": lambda x, rounding_method: np.rint(x) if int(rounding_method) else
+    np.copysign(np.floor(np.abs(x) + x.dtype.type(0.5)), x),
+    "broadcast_in_dim": lambda x, shape, broadcast_dimensions, **_: np.broadcast_to(
+        x.reshape([x.shape[broadcast_dimensions.index(i)] if i in broadcast_dimensions else 1
+                   for i in range(len(shape))]), shape),
+    "iota": lambda dtype, shape, dimension, **_: np.broadcast_to(
+        np.arange(shape[dimension], dtype=dtype).reshape(
+            [-1 if i == dimension else 1 for i in range(len(shape))]), shape),
+}
+_PARAMS = {"stack": ("axis",), "concatenate": ("dimension",), "round": ("rounding_method",)}
+
+
+def _numpy_eval(jaxpr, consts, args):
+    """A jaxpr evaluated op by op in NumPy: f32 arithmetic as IEEE has it, subnormal operands
+    and results kept, as on a GPU (every result cast to its jaxpr dtype)."""
+    env = dict(zip(jaxpr.constvars, map(np.asarray, consts), strict=True))
+    env.update(zip(jaxpr.invars, map(np.asarray, args), strict=True))
+    read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+    for eqn in jaxpr.eqns:
+        ins = [np.asarray(read(v)) for v in eqn.invars]
+        name, params = eqn.primitive.name, eqn.params
+        if "jaxpr" in params or "call_jaxpr" in params:  # jit, custom_jvp_call: their body
+            sub = params.get("jaxpr") or params["call_jaxpr"]
+            outs = _numpy_eval(sub.jaxpr, sub.consts, ins)
+        elif name in ("select_n", "abs", "add", "sub", "mul", "neg", "and", "or", "not",
+                      "max", "min", "eq", "ne", "lt", "gt", "ge", "floor", "is_finite",
+                      "sign", "div") or name.startswith("shift"):
+            outs = [_NUMPY[name](*ins)]
+        elif name in _PARAMS:
+            outs = [_NUMPY[name](*ins, **{k: params[k] for k in _PARAMS[name]})]
+        else:  # one operand (or none: iota) and keyword parameters
+            outs = [_NUMPY[name](*ins, **params)]
+        for v, out in zip(eqn.outvars, outs, strict=True):
+            env[v] = np.asarray(out).astype(v.aval.dtype)
+    return [np.asarray(read(v)) for v in jaxpr.outvars]
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3", "fp4_e2m1", "mxfp8", "mxint8",
+                                  "int8/f32", "int4/b8/f32", "fp8_e5m2/f32", "int7/b8"])
+def test_a_backend_that_keeps_subnormals_gives_the_spec_bits(name):
+    """`quantize_blocks` (round to nearest) as a GPU computes it, subnormal operands kept: its
+    jaxpr in NumPy, on every data class (the tiny blocks hold subnormal inputs above half a grid
+    step, which only the rule, a subnormal reads as a zero of its sign, keeps from rounding
+    away from zero): the spec's payload and scales, bit for bit."""
+    from equarx_ref.quantize import quantize_blocks
+
+    fmt = eq.Format.parse(name)
+    for kind, x in dataset(name).items():
+        x = np.asarray(x, np.float32)
+        want = spec.quantize_blocks(x, fmt)
+        closed = jax.make_jaxpr(lambda v: quantize_blocks(v, fmt, None))(x)
+        with np.errstate(all="ignore"):
+            payload, stored = _numpy_eval(closed.jaxpr, closed.consts, [x])
+        fin = want.finite  # (a non-finite block's scale bytes are not fixed by the rule)
+        assert np.array_equal(payload, want.payload), f"{name} {kind}: payload"
+        assert np.array_equal(np.asarray(stored)[fin].view(np.uint8),
+                              np.asarray(want.scales)[fin].view(np.uint8)), f"{name} {kind}"
 
 
 @pytest.mark.parametrize("name", [*eq.formats.FORMAT_NAMES, "int2", "int3", "int5", "int6",
