@@ -94,8 +94,7 @@ from jax import lax
 
 from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
-from .scales import (apply_scale, block_scales, pow2, range_factor, reciprocal, split,
-                     split_up)
+from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split, split_up
 
 __all__ = ["Quantized", "dequantize", "quantize", "zero_subnormals"]
 
@@ -261,11 +260,13 @@ def _stochastic_codes(x: jax.Array, v: jax.Array, s: jax.Array, fmt: Format,
     if wide:  # past the top only for a scale stepped down near f32's maximum: saturates
         over = _minus(jnp.abs(x), fmt.elem_max, S0) > 0
         a = jnp.where(over, 0.0, jnp.abs(x))
-        below = lambda n, S: _minus(a, n, S) < 0  # a < n S
     else:
         over = False
         a = jnp.minimum(jnp.abs(x), fmt.elem_max * S0)  # saturate (floor rule, stepped scales)
-        below = lambda n, S: a < n * S  # exact products: <= 12 + 8 bits
+
+    def below(n, S):  # a < n S, exactly
+        return _minus(a, n, S) < 0 if wide else a < n * S  # exact products: <= 12 + 8 bits
+
     t = jnp.minimum(jnp.abs(v), fmt.elem_max)
     if fmt.is_int:
         S, base = S0, None

@@ -331,4 +331,7 @@ def test_both_scale_rules_on_the_same_data():
         "mxfp8", "mxfp8/ceil", "mxfp6_e2m3", "mxfp6_e2m3/ceil", "mxfp4", "mxfp4/ceil"])}
     for name in ("mxfp8", "mxfp6_e2m3", "mxfp4"):
         assert 0 < errors[name] < 1.5 * errors[f"{name}/ceil"], errors
-    assert errors["mxfp6_e2m3"] < errors["mxfp4"] and errors["mxfp8"] < errors["mxfp6_e2m3"]
+    ceil = {name: errors[f"{name}/ceil"] for name in ("mxfp8", "mxfp6_e2m3", "mxfp4")}
+    assert ceil["mxfp6_e2m3"] < ceil["mxfp4"] and ceil["mxfp8"] < ceil["mxfp6_e2m3"], errors
+    # the floor rule clips e4m3's top binade often enough that mxfp8 loses its lead
+    assert errors["mxfp6_e2m3"] < errors["mxfp4"] and errors["mxfp8"] > ceil["mxfp8"], errors

@@ -2,7 +2,8 @@
 
 A format is read from its public fields only: `name` (the element type), `block_size`,
 `scale_dtype` ("bfloat16", "float32" or "e8m0") and, for E8M0, `scale_rule` ("floor", OCP MX
-v1.0's and the default, or "ceil"). The package's `Format` carries them; so may any object with those attributes.
+v1.0's and the default, or "ceil"). The package's `Format` carries them; so may any object
+with those attributes.
 
 Element grids come from ml_dtypes, not from the package: code i of a float element (sign bit
 clear) has the value ml_dtypes gives its bit pattern; a symmetric integer of N bits has the
