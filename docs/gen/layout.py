@@ -22,7 +22,7 @@ CORE = ("formats", "elements", "scales", "quantize", "wire", "schedule", "execut
 #: Bottom first. A module imports from its own folder and from the layers below, never above.
 LAYERS = (
     (("spec",), "the spec: NumPy and ml_dtypes only, importing nothing of the package"),
-    (("formats", "devices", "_checks"), "the element grids and formats; the mesh"),
+    (("formats", "devices", "_checks", "_jax_private"), "the element grids and formats; the mesh"),
     (("elements", "scales"), "element codes and their packing; block scales, exactly"),
     (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
     (("models", "remedies", "autodiff"),

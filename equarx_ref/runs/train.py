@@ -48,17 +48,17 @@ from .hopstats import hop_table
 from .train_steps import (
     AXIS,
     TrainConfig,
-    _flat,
-    _keywords,
-    _make_chunk,
-    _wire,
     adam_init,
     adam_update,
     char_windows,
+    flatten,
     gradient_tell,
     init_params,
     loss_fn,
+    make_chunk,
     reduce_gradients,
+    step_bytes,
+    variant_keywords,
 )
 
 __all__ = ["BASELINE", "HOP_STEPS", "MAX_BATCH_BYTES", "VARIANTS", "TrainConfig", "adam_init",
@@ -155,7 +155,7 @@ def baseline_gradients(config: TrainConfig | None = None, *, at=None, seed: int 
     p = len(devices)
     data = experiment_data(cfg)
     params, state, ctx, tgt = seed_inputs(cfg, seed, data)
-    chunk = _make_chunk(make_mesh(devices, (AXIS,)), VARIANTS[BASELINE], cfg, p)
+    chunk = make_chunk(make_mesh(devices, (AXIS,)), VARIANTS[BASELINE], cfg, p)
     per_device = jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0)))
     key = jax.random.key(seed)
     for c in range(cfg.steps // cfg.eval_every + 1):
@@ -163,7 +163,7 @@ def baseline_gradients(config: TrainConfig | None = None, *, at=None, seed: int 
         if step in at:
             i = min(step, cfg.steps - 1)  # after the last step: the last batch again
             g = per_device(params, ctx[i].reshape(p, -1, cfg.context), tgt[i].reshape(p, -1))
-            yield step, np.stack([np.asarray(_flat(jax.tree.map(lambda x, d=d: x[d], g)),
+            yield step, np.stack([np.asarray(flatten(jax.tree.map(lambda x, d=d: x[d], g)),
                                              np.float64) for d in range(p)])
         if step < cfg.steps:
             sl = slice(step, step + cfg.eval_every)
@@ -197,8 +197,8 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
     n = data["parameters"]
     rows, t0 = {}, time.perf_counter()
     for name in names:
-        chunk = _make_chunk(mesh, VARIANTS[name], cfg, p)
-        model_bytes, hlo_bytes = _wire(VARIANTS[name], n, p, mesh, data["shapes"], check_bytes)
+        chunk = make_chunk(mesh, VARIANTS[name], cfg, p)
+        model_bytes, hlo_bytes = step_bytes(VARIANTS[name], n, p, mesh, data["shapes"], check_bytes)
         runs = []
         for seed in range(cfg.seeds):
             key = jax.random.key(seed)
@@ -222,7 +222,7 @@ def train(variants: list[str] | None = None, *, config: TrainConfig | None = Non
             if progress:
                 progress(f"{name} seed {seed}: val {curve[-1]:.4f} "
                          f"({time.perf_counter() - t0:.0f} s)")
-        kw, _ = _keywords(VARIANTS[name])
+        kw, _ = variant_keywords(VARIANTS[name])
         fmt = kw.get("fmt")
         rows[name] = {"bits": fmt.bits_per_element if fmt is not None else
                       8.0 * jnp.dtype(kw.get("dtype", "float32")).itemsize,

@@ -6,10 +6,10 @@ an embedding of the last `context` characters, one tanh layer, a softmax over th
 (`init_params`, `loss_fn`). Adam is written out here (a dozen lines): the package needs nothing
 else from an optimizer library, so it takes no dependency for it. The gradients of a step are
 summed by `reduce_gradients`, one `all_reduce` of the whole pytree with a variant's keywords
-(never size-gated: the gradients are small here). `_make_chunk` compiles `eval_every` steps as
+(never size-gated: the gradients are small here). `make_chunk` compiles `eval_every` steps as
 one `lax.scan` inside `shard_map(check_vma=True)`, over replicated parameters made varying
 before `jax.grad` (else grad returns the psum already), and measures each step's gradient error
-and flushed share against the exact f32 sum; `_wire` counts the bytes a step sends, modelled
+and flushed share against the exact f32 sum; `step_bytes` counts the bytes a step sends, modelled
 and compiled.
 """
 
@@ -25,8 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 from .. import all_reduce, hlo_wire_bytes, wire_bytes
 
-__all__ = ["AXIS", "TrainConfig", "adam_init", "adam_update", "char_windows", "gradient_tell",
-           "init_params", "loss_fn", "reduce_gradients"]
+__all__ = ["AXIS", "TrainConfig", "adam_init", "adam_update", "char_windows", "flatten",
+           "gradient_tell", "init_params", "loss_fn", "make_chunk", "reduce_gradients",
+           "step_bytes", "variant_keywords"]
 
 AXIS = "dp"
 
@@ -97,7 +98,7 @@ def adam_update(params, grads, state, lr: float, b1=0.9, b2=0.999, eps=1e-8):
 # ---- the gradient AllReduce --------------------------------------------------------------
 
 
-def _keywords(variant: dict) -> tuple[dict, bool]:
+def variant_keywords(variant: dict) -> tuple[dict, bool]:
     """A variant's `all_reduce` keywords, and whether it rounds stochastically."""
     kw = dict(variant)
     sr = kw.pop("sr", False)
@@ -109,7 +110,7 @@ def _keywords(variant: dict) -> tuple[dict, bool]:
 def reduce_gradients(grads, axis: str, variant: dict, key=None):
     """The sum over `axis` of a gradient pytree with one variant's collective: `all_reduce`
     of the whole pytree (one buffer), its derivative psum's."""
-    kw, sr = _keywords(variant)
+    kw, sr = variant_keywords(variant)
     return all_reduce(grads, axis, key=key if sr else None, **kw)
 
 
@@ -123,14 +124,14 @@ def gradient_tell(grads, axis: str) -> jax.Array:
     return jnp.sqrt(num / lax.psum(sq, axis))
 
 
-def _flat(tree) -> jax.Array:
+def flatten(tree) -> jax.Array:
     return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in jax.tree.leaves(tree)])
 
 
 # ---- a chunk of steps, and its bytes ------------------------------------------------------
 
 
-def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
+def make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
     """jit(shard_map(scan of `eval_every` steps)) for one variant."""
 
     def body(params, state, ctx, tgt, key):
@@ -139,9 +140,9 @@ def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
             c, t, i = batch
             pv = lax.pcast(params, AXIS, to="varying")  # per-device gradients, not their psum
             loss, g = jax.value_and_grad(loss_fn)(pv, c, t)
-            exact = _flat(lax.psum(g, AXIS))
+            exact = flatten(lax.psum(g, AXIS))
             summed = reduce_gradients(g, AXIS, variant, jax.random.fold_in(key, i))
-            got = _flat(summed)
+            got = flatten(summed)
             err = jnp.linalg.norm(got - exact) / jnp.linalg.norm(exact)
             live = exact != 0
             flushed = jnp.sum(live & (got == 0)) / jnp.maximum(jnp.sum(live), 1)
@@ -158,9 +159,9 @@ def _make_chunk(mesh, variant: dict, cfg: TrainConfig, p: int):
                                  out_specs=(P(), P(), P()), check_vma=True))
 
 
-def _wire(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int, int | None]:
+def step_bytes(variant: dict, n: int, p: int, mesh, params, check: bool) -> tuple[int, int | None]:
     """Bytes one device sends per step: the model (wire_bytes) and the compiled HLO."""
-    kw, _ = _keywords(variant)
+    kw, _ = variant_keywords(variant)
     fmt, algorithm = kw.get("fmt"), kw.get("algorithm", "ring")
     model = wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=kw.get("dtype", "float32"),
                        hop_bits=kw.get("hop_bits", "uniform"), min_bytes=kw.get("min_bytes", 0))
