@@ -8,6 +8,8 @@ The codecs are the package's ways of turning values into the bytes that travel a
                         (`mosaic=True`: 32-bit integer operations only, what the TPU kernels run)
     fused hop           the Pallas kernel (`kernels.fused_hop`, TPU interpret mode on CPU):
                         decode a message, add the local values in f32, encode the sum
+    Mosaic codec        the Pallas kernels that stream encode, decode and a hop through HBM
+                        (`kernels.codec`, interpret mode), one row per data class
 
 The data classes are the spec's (`spec.data`: ties, tiny, subnormal, huge, non-finite, zeros,
 outliers, ...), made the same on every machine. The spec's own bytes are held to golden digests
@@ -133,6 +135,46 @@ def test_fused_hop_kernel_gives_the_spec_bytes(name):
                                 jnp.asarray(local)[None], fmt)[0]
         _same_bytes(got, spec.wire_bytes(q_out), spec.fixed_bytes(q_out),
                     f"fused hop {name} {cls}")
+
+
+def _flush(v):
+    """Subnormals as zeros of their sign: what a kernel adds on a TPU (and XLA:CPU), and
+    what the collectives make explicit (execute.py `settle`)."""
+    return np.where(np.abs(v) < spec.F32_TINY, np.copysign(np.float32(0), v), v)
+
+
+@pytest.mark.parametrize("name", ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4", "int8/f32",
+                                  "int7/b8"))
+def test_mosaic_codec_kernels_give_the_spec_bytes(name):
+    """`kernels.codec` (interpret mode) on a message with one row per data class: encode gives
+    the spec's bytes, decode the spec's values, and a hop (the rows' message plus the classes
+    one row down, in f32) the spec's bytes of that sum."""
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.parse(name)
+    rows = [_spec(name, cls)[1] for cls in CLASSES]
+    m = max(r.size for r in rows)
+    x = np.zeros((len(rows), m), np.float32)
+    for i, r in enumerate(rows):
+        x[i, :r.size] = r
+
+    def spec_rows(values):
+        qs = [spec.quantize_blocks(spec.to_blocks(v, fmt.block_size), fmt) for v in values]
+        return qs, np.stack([spec.wire_bytes(q) for q in qs]), \
+            np.stack([spec.fixed_bytes(q) for q in qs])
+
+    qs, expected, fixed = spec_rows(x)
+    got = codec.encode(jnp.asarray(x), fmt)
+    _same_bytes(got, expected, fixed, f"Mosaic codec encode {name}")
+    values = codec.decode(jnp.asarray(expected), fmt, m)
+    _same_values(values, np.stack([q.values.reshape(-1) for q in qs]),
+                 f"Mosaic codec decode {name}")
+    local = _flush(np.roll(x, 1, axis=0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = (np.stack([q.values.reshape(-1) for q in qs]) + local).astype(np.float32)
+    _, want, fixed = spec_rows(total)
+    _same_bytes(codec.hop(jnp.asarray(expected), jnp.asarray(local), fmt), want, fixed,
+                f"Mosaic codec hop {name}")
 
 
 if __name__ == "__main__":  # rewrite the golden digests from the spec as it is now

@@ -71,6 +71,43 @@ def test_fused_hop_refuses_bad_shapes():
         kernels.fused_hop(wire, local, "int8")
 
 
+@pytest.mark.parametrize("name", ["int8", "mxfp4"])
+def test_mosaic_codec_tiles_the_message(name):
+    """`kernels.codec` on 16 rows of two tiles each (a 2 x 2 grid): the XLA codec's bytes,
+    values and hop, tile seams included."""
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.parse(name)
+    m = 2 * codec.TILE_BLOCKS * fmt.block_size
+    k1, k2 = jax.random.split(jax.random.key(5))
+    x = (jax.random.normal(k1, (16, m)) * jnp.logspace(-3, 3, 16)[:, None]).astype(jnp.bfloat16)
+    local = jax.random.normal(k2, (16, m)).astype(jnp.bfloat16)
+    wire = codec.encode(x, fmt)
+    assert np.array_equal(wire, encode(x, fmt))
+    back = codec.decode(wire, fmt, m, jnp.bfloat16)
+    assert back.dtype == jnp.bfloat16
+    assert np.array_equal(back, decode(wire, fmt, m).astype(jnp.bfloat16))
+    assert np.array_equal(codec.hop(wire, local, fmt), kernels.hop_reference(wire, local, fmt))
+
+
+def test_mosaic_codec_refuses_bad_shapes():
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.int8()
+    with pytest.raises(ValueError, match="not a multiple of block_size 32"):
+        codec.encode(jnp.ones((8, 100)), fmt)
+    with pytest.raises(ValueError, match=r"block_cols=2048 must divide .* multiple of 4096"):
+        codec.encode(jnp.ones((8, 8192)), fmt, block_cols=2048)
+    with pytest.raises(ValueError, match=r"x must be \[rows, m\]"):
+        codec.encode(jnp.ones(64), fmt)
+    with pytest.raises(ValueError, match=r"wire must be uint8 \[8, 34\]"):
+        codec.decode(jnp.zeros((8, 10), jnp.uint8), fmt, 32)
+    with pytest.raises(ValueError, match=r"wire must be uint8 \[4, 34\]"):
+        codec.hop(jnp.zeros((8, 34), jnp.uint8), jnp.ones((4, 32)), fmt)
+    with pytest.raises(TypeError, match="Format"):
+        codec.encode(jnp.ones((8, 32)), "int8")
+
+
 # ---- the ring kernel ------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import pytest
 import equarx_ref as eq
 from equarx_ref import data
 from equarx_ref.models.hlo import collective_overlap
-from equarx_ref.models.hlo_memory import memory_traffic
+from equarx_ref.models.hlo_memory import kernel_io, memory_traffic
 from equarx_ref.runs import tpu_compile, tpu_readback
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "docs" / "data"
@@ -144,6 +144,26 @@ def test_memory_traffic_counts_tiles_and_memories():
         memory_traffic("HloModule nothing")
 
 
+_KERNEL = """HloModule k
+ENTRY %main (x.1: bf16[8,32768]) -> u8[8,34816] {
+  %x.1 = bf16[8,32768]{1,0:T(8,128)(2,1)} parameter(0)
+  %other = u8[8,34816]{1,0:T(8,128)(4,1)} custom-call(%x.1), custom_call_target="Sharding"
+  ROOT %k.1 = u8[8,34816]{1,0:T(8,128)(4,1)} custom-call(%x.1), \
+custom_call_target="tpu_custom_call", backend_config={}
+}
+"""
+
+
+def test_kernel_io_counts_a_kernels_operands_and_results_once():
+    """A Pallas kernel is a custom call XLA counts as free: `kernel_io` counts its operands and
+    results in their tiled layouts (bf16 [8, 32768] in, u8 [8, 34816] out), other custom calls
+    not at all."""
+    assert memory_traffic(_KERNEL).total == 0
+    assert kernel_io(_KERNEL) == 2 * 8 * 32768 + 8 * 34816
+    with pytest.raises(ValueError, match="ENTRY"):
+        kernel_io("HloModule nothing")
+
+
 def _stored():
     return data.load("tpu")  # the record the course reads, shipped with the package
 
@@ -206,7 +226,9 @@ def test_byte_ratio_table_reads_the_report():
 
     codec = [{"topology": "v5e:2x4", "program": "x + 1", "format": "bfloat16", "ratio": 1.0},
              *({"topology": "v5e:2x4", "program": p, "format": "int8", "ratio": r}
-               for p, r in (("encode", 27.8), ("decode", 12.5), ("hop", 38.6)))]
+               for p, r in (("encode", 27.8), ("decode", 12.5), ("hop", 38.6))),
+             *({"topology": "v5e:2x4", "path": "pallas", "program": p, "format": "int8",
+                "ratio": r} for p, r in (("encode", 1.0), ("decode", 1.1), ("hop", 1.2)))]
     ar = [{"topology": "v5e:2x4", "algorithm": "psum", "format": "bfloat16", "ratio": 1.0,
            "to_psum": 1.0},
           {"topology": "v5e:2x4", "algorithm": "ring", "format": "int8", "ratio": 53.7,
@@ -215,8 +237,12 @@ def test_byte_ratio_table_reads_the_report():
                                          "all_reduce": ar})
     lines = text.splitlines()
     assert "0.25 MiB" in lines[0] and "target <= 2x" in lines[0]
-    assert any(ln.split() == ["v5e:2x4", "int8", "27.8x", "12.5x", "38.6x"] for ln in lines)
-    assert any(ln.split() == ["v5e:2x4", "bfloat16", "1.0x", "(x", "+", "1)"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "xla", "27.8x", "12.5x", "38.6x"]
+               for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "pallas", "1.0x", "1.1x", "1.2x"]
+               for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "bfloat16", "xla", "1.0x", "(x", "+", "1)"]
+               for ln in lines)
     assert any(ln.split() == ["v5e:2x4", "int8", "53.7x"] for ln in lines)
     assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)
 
@@ -252,10 +278,11 @@ TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
 @needs_libtpu
 @pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
 def test_codec_bytes_accessed_held_to_today(topology):
-    """Issue 29: the codec moves many times the bytes it must. Not asserted: the target (every
-    codec program within 2x of its fewest bytes, every AllReduce within 2x of psum's bytes);
-    printed beside today's figures. Asserted: `x + 1` costs its fewest bytes (<= 1.1x), psum
-    its 4n, and no ratio grows more than 10% over today's (a regression bound, not a goal)."""
+    """Issue 29: the codec must move near its fewest bytes. Asserted: the Mosaic codec's
+    kernels (path "pallas") meet the 2x target for encode, decode and hop of every bench format;
+    `x + 1` costs its fewest bytes (<= 1.1x), psum its 4n; and no XLA-path ratio grows more
+    than 10% over today's (a regression bound, not a goal: the XLA path misses the target,
+    printed beside each figure)."""
     from equarx_ref.runs import tpu_bytes
 
     report = tpu_bytes.byte_ratios(topology, mib=0.25)
@@ -264,14 +291,18 @@ def test_codec_bytes_accessed_held_to_today(topology):
     for r in report["codec"] + report["all_reduce"]:
         program = r.get("program") or r["algorithm"]
         ratio = r["ratio"] if "program" in r or program == "psum" else r["to_psum"]
-        met.append(f"{program} {r['format']}: {ratio:.1f}x "
+        path = r.get("path", "xla")
+        met.append(f"{path} {program} {r['format']}: {ratio:.1f}x "
                    f"{'meets' if ratio <= tpu_bytes.TARGET else 'misses'} the 2x target")
         today = dict(zip(TODAY_COLUMNS, TODAY[topology].get(r["format"], ()), strict=False))
-        bound = 1.1 * today.get(program, 1.0)  # x + 1 and psum: 1.0
+        bound = tpu_bytes.TARGET if path == "pallas" else 1.1 * today.get(program, 1.0)
         if not ratio <= bound:
-            worse.append(f"{program} {r['format']}: {ratio:.2f}x > {bound:.2f}x")
+            worse.append(f"{path} {program} {r['format']}: {ratio:.2f}x > {bound:.2f}x")
+    pallas = {(r["program"], r["format"]) for r in report["codec"] if r["path"] == "pallas"}
+    assert len(pallas) == 3 * len(tpu_bytes.BENCH_FORMATS), pallas
     print("\n".join(met))
     plain = next(r for r in report["codec"] if r["program"] == "x + 1")
     psum = next(r for r in report["all_reduce"] if r["algorithm"] == "psum")
     assert plain["ratio"] <= 1.1 and psum["ratio"] <= 1.1, (plain, psum)
-    assert not worse, f"{topology}: bytes accessed grew past today's +10%: {worse}"
+    assert not worse, (f"{topology}: a kernel missed the 2x target, or the XLA path's bytes "
+                       f"accessed grew past today's +10%: {worse}")

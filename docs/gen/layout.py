@@ -27,7 +27,7 @@ LAYERS = (
     (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
     (("models", "remedies", "autodiff"),
      "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
-    (("kernels",), "the Pallas TPU ring and fused hop"),
+    (("kernels",), "the Pallas TPU ring, fused hop and Mosaic codec"),
     (("execute", "collectives", "rules"),
      "a schedule executed; all_reduce and AllReduce; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),

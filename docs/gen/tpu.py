@@ -3,7 +3,9 @@ tpu-bytes.json (`runs.tpu_bytes` through `equarx-ref kernels --compile ... --byt
 
 libtpu compiled these programs on a CPU machine; nothing ran on a TPU. Each ratio is
 `cost_analysis()["bytes accessed"]` over the fewest bytes the program must move (codec), or over
-`lax.psum`'s bytes accessed for the same array (AllReduce).
+`lax.psum`'s bytes accessed for the same array (AllReduce). A Pallas kernel's program (path
+"pallas") is counted as XLA's ops around it plus what the kernel's grid moves
+(`hlo_memory.kernel_io`): XLA:TPU cannot see inside a kernel.
 """
 
 from __future__ import annotations
@@ -13,20 +15,21 @@ from .common import Section, load, table
 
 
 def codec_table(report: dict) -> str:
-    """One line per topology and format: encode, decode and hop over their fewest bytes, with
-    the part that reaches HBM and the tiles' padding (`hlo_memory.memory_traffic`)."""
-    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    """One line per topology, format and path: encode, decode and hop over their fewest bytes,
+    with the part that reaches HBM and the tiles' padding (`hlo_memory.memory_traffic`)."""
+    cells: dict[tuple[str, str, str], dict[str, dict]] = {}
     for r in report["codec"]:
-        cells.setdefault((r["topology"], r["format"]), {})[r["program"]] = r
+        cells.setdefault((r["topology"], r["format"], r.get("path", "xla")), {})[
+            r["program"]] = r
     rows = []
-    for (topology, fmt), by in cells.items():
+    for (topology, fmt, path), by in cells.items():
         for program, r in by.items():
+            hbm = r["traffic"]["hbm"] + r.get("kernel_io", 0.0)
             rows.append([topology, "`x + 1` (bf16)" if program == "x + 1" else f"`{fmt}`",
-                         program, f"{r['ratio']:.1f}x",
-                         f"{r['traffic']['hbm'] / r['fewest_bytes']:.1f}x",
+                         path, program, f"{r['ratio']:.1f}x", f"{hbm / r['fewest_bytes']:.1f}x",
                          f"{r['traffic']['padding']:.2f}x"])
-    return table(["topology", "format", "program", "bytes accessed / fewest",
-                  "of which HBM / fewest", "tile padding"], rows)
+    return table(["topology", "format", "path", "program", "bytes accessed / fewest",
+                  "of which HBM / fewest", "tile padding (XLA ops)"], rows)
 
 
 def all_reduce_table(report: dict) -> str:

@@ -1,6 +1,8 @@
 """Pallas TPU kernels: the fused per-hop kernel and the ring AllReduce with remote DMA.
 
-`hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `ring.py` is the
+`hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `codec.py` is the
+Mosaic codec: encode, decode and that hop as kernels that stream a message through HBM in tiles,
+moving the fewest bytes (what a TPU user would run per hop); `ring.py` is the
 whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel pipeline),
 what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively; elsewhere in TPU
 interpret mode on CPU devices, with the race detector on (`backend.py`). `plan.py` is the ring's
@@ -9,6 +11,7 @@ under assumed durations (plain Python, drawn by `viz.draw_kernel_timeline`). The
 checks the kernels against `impl="xla"` and times them is `runs/kernel_checks.py`.
 """
 
+from . import codec
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .hop import fused_hop, hop_reference, wire_codec
 from .plan import RingPlan, plan_ring
@@ -19,6 +22,7 @@ __all__ = [
     "SABOTAGES",
     "RaceLog",
     "RingPlan",
+    "codec",
     "fused_hop",
     "hop_reference",
     "interpret_params",

@@ -23,6 +23,11 @@ The tally is an estimate of the compiler's own (the same rule; on the compiled A
 this package it lands within a few percent of `cost_analysis()`), and like it, it counts a
 while loop's body once.
 
+A Pallas TPU kernel is one custom call, which both counts treat as free (XLA:TPU cannot see
+inside it). `kernel_io(hlo_text)` is what such a kernel moves when its grid visits every tile
+of every operand and result once, as the Mosaic codec's kernels do (`kernels/codec.py`): its
+operands' and results' tiled bytes, each once.
+
 Trade-off: this reads the layout XLA chose and nothing deeper (no cache, no DMA overlap); it
 says how many bytes the program moves and through which memory, not how long that takes.
 """
@@ -33,7 +38,8 @@ import dataclasses
 import math
 import re
 
-__all__ = ["KINDS", "MemoryTraffic", "largest_arrays", "memory_traffic", "tiled_bytes"]
+__all__ = ["KINDS", "MemoryTraffic", "kernel_io", "largest_arrays", "memory_traffic",
+           "tiled_bytes"]
 
 #: The categories of `MemoryTraffic.by_kind`.
 KINDS = ("fusion", "copy", "reshape", "slice", "collective", "other")
@@ -177,3 +183,28 @@ def memory_traffic(hlo_text: str) -> MemoryTraffic:
             if touched and all(a[2] for a in touched):
                 vmem += size
     return MemoryTraffic(sum(by_kind.values()), by_kind, vmem, logical)
+
+
+def kernel_io(hlo_text: str) -> float:
+    """Tiled bytes of the operands and results of every Pallas TPU kernel (a custom call to
+    "tpu_custom_call") in the program's ENTRY computation: what the kernels move through HBM if
+    each one's grid visits every tile of every operand and result once (`kernels/codec.py`'s
+    do). A kernel that DMAs by hand (`kernels/ring.py`) moves what its program says, which
+    this does not read."""
+    entry, comps = _computations(hlo_text)
+    if not entry:
+        raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
+    arrays: dict[str, list[float]] = {}
+    total = 0.0
+    for line in comps[entry]:
+        instr = _INSTR.match(line)
+        if not instr:
+            continue
+        target, rest = instr.groups()
+        call = _CALL.search(rest)
+        result = rest[:call.start()] if call else rest
+        arrays[target] = [_array_bytes(*s.groups())[0] for s in _SHAPE.finditer(result)]
+        if call and call.group(1) == "custom-call" and '"tpu_custom_call"' in rest:
+            operands = re.findall(r"%([\w.\-]+)", call.group(2))
+            total += sum(arrays[target]) + sum(b for op in operands for b in arrays.get(op, []))
+    return total
