@@ -156,7 +156,8 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     out = tmp_path / "check.json"
     assert cli.main(["check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "bitwise equal to the spec on CPU: 9 formats, 12 data classes" in text, text
+    assert "bitwise equal to the spec on CPU: 9 formats, 12 data classes; the Mosaic codec's " \
+        "kernels 8 formats" in text, text
     assert json.loads(out.read_text())["equal"] is True
 
 
@@ -183,6 +184,22 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     xor = [e ^ g for e, g in zip(expected, got, strict=True)]
     assert xor == [0, 0, 0, 1] + [0] * (len(got) - 4), xor
     assert "values" in lines
+
+
+def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
+    """The Mosaic codec's kernels are checked too: with one bit of the encode kernel's output
+    flipped, the check fails and names the kernel."""
+    from equarx_ref.kernels import codec
+
+    def flipped(codec_, x_ref, out_ref):
+        buf = codec_.encode(x_ref[...])
+        out_ref[...] = buf.at[..., 3].set(buf[..., 3] ^ 1)
+
+    monkeypatch.setattr(codec, "_encode_body", flipped)
+    assert cli.main(["check"]) == 1
+    text = capsys.readouterr().out
+    assert "first difference: kernels int8, gaussian, by kernels.codec.encode" in text, text
+    assert any(ln.split()[:5] == ["kernels", "int8", "0", "of", "12"] for ln in text.splitlines())
 
 
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):

@@ -98,6 +98,8 @@ def test_mosaic_codec_refuses_bad_shapes():
         codec.encode(jnp.ones((8, 100)), fmt)
     with pytest.raises(ValueError, match=r"block_cols=2048 must divide .* multiple of 4096"):
         codec.encode(jnp.ones((8, 8192)), fmt, block_cols=2048)
+    with pytest.raises(ValueError, match=r"8 rows at a time: 12 rows is not a multiple of 8"):
+        codec.encode(jnp.ones((12, 32)), fmt)
     with pytest.raises(ValueError, match=r"x must be \[rows, m\]"):
         codec.encode(jnp.ones(64), fmt)
     with pytest.raises(ValueError, match=r"wire must be uint8 \[8, 34\]"):

@@ -164,6 +164,15 @@ def test_kernel_io_counts_a_kernels_operands_and_results_once():
         kernel_io("HloModule nothing")
 
 
+def test_the_compile_tier_compiles_every_kernel_format():
+    """`equarx-ref check` runs the Mosaic codec with `kernels.codec.FORMATS`, the formats the
+    compile tier proves (family "codec")."""
+    from equarx_ref.kernels import codec
+    from equarx_ref.runs import tpu_matrix
+
+    assert tpu_matrix.CODEC_FORMATS == codec.FORMATS
+
+
 def _stored():
     return data.load("tpu")  # the record the course reads, shipped with the package
 

@@ -6,7 +6,9 @@ an f32 scale) quantizes every data class of the spec (`spec.data`) on the defaul
 (the collectives'), and with stochastic rounding (`quantize(x, key=...)`, the spec given the
 same uniforms: jax's PRNG draws the same bits on every backend); the bytes, and the
 dequantized values, must be the spec's to the bit (a non-finite block's scale bytes excepted:
-any NaN or infinity). Then a small `all_reduce` on
+any NaN or infinity). The Mosaic codec's kernels (`kernels.codec`: natively on a TPU, in TPU
+interpret mode elsewhere) encode and decode the same classes, a row each, for every check
+format they compile for. Then a small `all_reduce` on
 the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
 the first differing block: its values, the expected and the received bytes.
 """
@@ -100,6 +102,43 @@ def check_format(name: str) -> dict:
     return out
 
 
+def check_kernels(name: str) -> dict:
+    """The Mosaic codec's encode and decode kernels on one message of `name`, a row per data
+    class (zero rows to a multiple of 8): {class: None when bitwise the spec, else what
+    differs first}."""
+    from ..kernels import codec
+
+    fmt = Format.parse(name)
+    xs = [spec.to_blocks(data.make(cls, fmt), fmt.block_size).ravel() for cls in data.CLASSES]
+    m = max(x.size for x in xs)
+    rows = np.zeros((-(-len(xs) // codec.TILE_ROWS) * codec.TILE_ROWS, m), np.float32)
+    for i, x in enumerate(xs):
+        rows[i, :x.size] = x
+    qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in rows]
+    want = np.stack([spec.wire_bytes(q) for q in qs])
+    got = np.asarray(jax.jit(functools.partial(codec.encode, fmt=fmt))(jnp.asarray(rows)))
+    values = np.asarray(jax.jit(functools.partial(codec.decode, fmt=fmt, m=m))(
+        jnp.asarray(want)))
+    out = {}
+    for i, cls in enumerate(data.CLASSES):
+        fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
+        finite = np.repeat(qs[i].finite, fmt.block_size)
+        if not np.array_equal(got[i][fixed], want[i][fixed]):
+            out[cls] = {"path": "kernels.codec.encode",
+                        **_first_block(fmt, rows[i], want[i], got[i], fixed)}
+        elif not (np.array_equal(values[i][finite].view(np.uint32),
+                                 expect[finite].view(np.uint32))
+                  and not np.isfinite(values[i][~finite]).any()):
+            j = int(np.flatnonzero(~((values[i] == expect) | ~finite
+                                     & ~np.isfinite(values[i])))[0])
+            out[cls] = {"path": "kernels.codec.decode", "block": j // fmt.block_size,
+                        "values": _plain(rows[i, j:j + 1]), "expected": _plain(expect[j:j + 1]),
+                        "got": _plain(values[i, j:j + 1])}
+        else:
+            out[cls] = None
+    return out
+
+
 def check_all_reduce(devices) -> dict:
     """A small all_reduce per case on `devices` against the spec's sum: {case: None or what
     differs first}."""
@@ -126,12 +165,17 @@ def check_all_reduce(devices) -> dict:
 
 def check(devices, formats=CHECK_FORMATS) -> dict:
     """The whole check: {"device", "platform", "formats": {name: {class: None | diff}},
-    "all_reduce": {case: None | diff}, "equal": bool}."""
+    "kernels": the same for the Mosaic codec, "all_reduce": {case: None | diff}, "equal"}."""
+    from ..kernels.codec import FORMATS as KERNEL_FORMATS
+
     dev = jax.devices()[0]
     result = {"device": dev.device_kind, "platform": dev.platform,
               "formats": {name: check_format(name) for name in formats},
+              "kernels": {name: check_kernels(name) for name in formats
+                          if name in KERNEL_FORMATS},
               "all_reduce": check_all_reduce(devices),
               "reduce_devices": f"{len(devices)} {devices[0].platform} devices"}
-    result["equal"] = all(v is None for f in result["formats"].values() for v in f.values()) \
+    result["equal"] = all(v is None for part in ("formats", "kernels")
+                          for f in result[part].values() for v in f.values()) \
         and all(v is None for v in result["all_reduce"].values())
     return result

@@ -40,7 +40,8 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from equarx_ref._jax_private import private
 
-__all__ = ["TOPOLOGIES", "LibtpuMissing", "compile_all_reduce", "compile_gemma", "compile_hop",
+__all__ = ["TOPOLOGIES", "LibtpuMissing", "compile_all_reduce", "compile_codec", "compile_gemma",
+           "compile_hop",
            "compile_on_chip", "libtpu_version", "prepare_environment", "source_digest",
            "tpu_devices"]
 
@@ -159,6 +160,27 @@ def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024,
     local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
     return _compile(lambda w, v: kernels.fused_hop(w, v, fmt, interpret=False), (wire, local),
                     mesh, lowered)
+
+
+def compile_codec(topology: str, fmt: eq.Format, *, rows: int = 16, tiles: int = 2,
+                  lowered: bool = False):
+    """Compile the Mosaic codec's three kernels (`kernels.codec`: encode, decode, hop) as one
+    program for one chip of `topology`, on a message of `rows` rows of `tiles` tiles each
+    (16 rows: two groups of 8, a 2 x 2 grid)."""
+    from equarx_ref.kernels import codec
+
+    m = tiles * codec.TILE_BLOCKS * fmt.block_size
+    mesh = _mesh(topology, (1,), ("x",))
+    on_chip = NamedSharding(mesh, P())
+    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8, sharding=on_chip)
+    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
+
+    def all_three(w, v):
+        return (codec.encode(v, fmt, interpret=False),
+                codec.decode(w, fmt, m, jnp.bfloat16, interpret=False),
+                codec.hop(w, v, fmt, interpret=False))
+
+    return _compile(all_three, (wire, local), mesh, lowered)
 
 
 def compile_on_chip(topology: str, fn: Callable, args, *, lowered: bool = False):

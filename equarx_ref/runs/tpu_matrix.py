@@ -27,6 +27,7 @@ from .tpu_bytes import byte_ratios, format_byte_ratios
 from .tpu_compile import (
     LibtpuMissing,
     compile_all_reduce,
+    compile_codec,
     compile_gemma,
     compile_hop,
     libtpu_version,
@@ -36,7 +37,8 @@ from .tpu_compile import (
 )
 from .tpu_readback import format_read_back, read_back
 
-__all__ = ["FAMILIES", "FORMATS", "CompileResult", "compile_matrix", "format_table", "run"]
+__all__ = ["CODEC_FORMATS", "FAMILIES", "FORMATS", "CompileResult", "compile_matrix",
+           "format_table", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,7 @@ class CompileResult:
 
     Attributes:
         topology: e.g. "v5e:2x4".
-        family: "xla", "torus", "remedy", "pallas", "hop" or "gemma".
+        family: "xla", "torus", "remedy", "pallas", "hop", "codec" or "gemma".
         case: what was compiled, e.g. "ring int8 bf16 p=8 n=4096 k=1".
         ok: the compiler produced an executable.
         seconds: compile wall time (this machine, CPU).
@@ -71,7 +73,11 @@ def _first_line(e: Exception) -> str:
 FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4")
 XLA_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
 #: The families of `matrix_cases`, in its order ("none" in `families=` selects none of them).
-FAMILIES = ("xla", "torus", "remedy", "pallas", "hop", "gemma")
+FAMILIES = ("xla", "torus", "remedy", "pallas", "hop", "codec", "gemma")
+#: The Mosaic codec's formats (`kernels.codec.FORMATS`, which loads Pallas): every format above
+#: and an f32 scale. Not the bit-packed odd widths: Mosaic refuses int7/b8's packing
+#: ("unsupported shape cast", libtpu 0.0.42.1).
+CODEC_FORMATS = (*FORMATS, "int8/f32")
 
 
 def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
@@ -124,6 +130,9 @@ def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
             algorithm="bidir_ring", impl="pallas"))
     for name, fmt in fmts.items():
         add("hop", f"fused hop {name}", functools.partial(compile_hop, topology, fmt))
+    for name in CODEC_FORMATS:  # encode, decode and hop kernels on a 2 x 2 grid of tiles
+        add("codec", f"Mosaic codec {name}", functools.partial(
+            compile_codec, topology, eq.Format.parse(name)))
     for label, ar in (("psum", None),
                       ("ring int8 xla", eq.AllReduce(fmt=int8, min_bytes=0)),
                       ("ring int8 pallas", eq.AllReduce(fmt=int8, min_bytes=0, impl="pallas")),
