@@ -87,7 +87,8 @@ def _compiled() -> str:
     return (f"- **What compiles for TPU {chips}**, from a CPU machine: libtpu " +
             record["libtpu"] + " (jax " + record["jax"] + "), deviceless: " +
             " and ".join(f"{ok[t]} of {every[t]} programs for {t}" for t in every) + " compile" +
-            " (the collectives in every format, the Pallas ring and fused hop, Gemma 3's forward; "
+            " (the collectives in every format, the Pallas ring, fused hop and codec kernels, "
+            "Gemma 3's forward; "
             "`equarx_ref/data/tpu.json`).\n")
 
 
