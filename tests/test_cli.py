@@ -80,8 +80,8 @@ def test_bench(capsys, tmp_path):
     plain, plain32, *codec = result["codec"]
     assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32)] == [
         ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n)]
-    assert [(r["program"], r["format"]) for r in codec] == [
-        (p, str(eq.Format.parse(f))) for f in BENCH_FORMATS for p in PROGRAMS]
+    assert [(r["path"], r["program"], r["format"]) for r in codec] == [
+        ("xla", p, str(eq.Format.parse(f))) for f in BENCH_FORMATS for p in PROGRAMS]
     for r in result["codec"]:
         wire = 0 if r["program"] == "x + 1" else eq.Format.parse(r["format"]).nbytes(n)
         assert r["fewest_bytes"] == {"x + 1": 4 * n, "encode": 2 * n + wire,
@@ -97,6 +97,22 @@ def test_bench(capsys, tmp_path):
     site = gen.codec_table(result) + gen.bench_table(result)
     assert all(f"`{f}`" in site for f in qdq) and "vs int8" in site and "of copy" in site
 
+
+
+def test_bench_times_the_mosaic_codec_where_asked():
+    """On a TPU `bench` times the Mosaic codec's kernels beside the XLA path; here, asked for
+    them, it runs them in interpret mode (a test of the wiring, not a timing): same fewest
+    bytes, rows labelled "pallas"; an unknown path is refused in one line."""
+    from equarx_ref.runs import bench
+
+    rows = bench.codec_throughput(1, formats=("int8",), repeats=1, paths=("xla", "pallas"))
+    by = {(r["path"], r["program"]): r for r in rows if r["program"] != "x + 1"}
+    assert sorted(by) == sorted((p, g) for p in ("xla", "pallas") for g in bench.PROGRAMS)
+    for g in bench.PROGRAMS:
+        assert by["pallas", g]["fewest_bytes"] == by["xla", g]["fewest_bytes"]
+        assert by["pallas", g]["seconds"] > 0
+    with pytest.raises(ValueError, match=r"unknown codec paths \['mosaic'\]"):
+        bench.codec_throughput(1, formats=("int8",), paths=("mosaic",))
 
 def test_draw_schedule():
     ax = draw_schedule(eq.ring_schedule(4))

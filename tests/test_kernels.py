@@ -90,6 +90,19 @@ def test_mosaic_codec_tiles_the_message(name):
     assert np.array_equal(codec.hop(wire, local, fmt), kernels.hop_reference(wire, local, fmt))
 
 
+@pytest.mark.parametrize("rows, m, want", [(16, 2 * 4096, (2, 2)), (4, 96, (1, 1)),
+                                           (8, 3 * 4096, (1, 3))])
+def test_mosaic_codec_grid_is_the_kernels(rows, m, want):
+    """`codec.grid` says what `pallas_call` is given: groups of 8 rows by tiles of 128 blocks,
+    a short message as one tile."""
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.int8()
+    jaxpr = jax.make_jaxpr(lambda v: codec.encode(v, fmt))(jnp.zeros((rows, m), jnp.bfloat16))
+    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "pallas_call"]
+    assert codec.grid(rows, m, fmt) == want == tuple(calls[0].params["grid_mapping"].grid)
+
+
 def test_mosaic_codec_refuses_bad_shapes():
     from equarx_ref.kernels import codec
 

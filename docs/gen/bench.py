@@ -36,8 +36,9 @@ def codec_table(data) -> str:
     if not rows:
         return ""
     return table(
-        ["program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s", "of copy"],
-        [[r["program"], f"`{r['format']}`" if r["format"] else "–", r["mib"],
+        ["path", "program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s", "of copy"],
+        [[r.get("path", "xla"), r["program"], f"`{r['format']}`" if r["format"] else "–",
+          r["mib"],
           f"{r['seconds'] * 1e3:.2f} ms", f"{r['fewest_bytes'] / 1e6:.1f} MB",
           f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}"] for r in rows])
 

@@ -140,9 +140,9 @@ def cmd_bench(args) -> int:
     print(f"the codec on {results['device']} ({results['platform']}): GB/s over each "
           "program's fewest bytes (inputs read once, outputs written once), and the fraction "
           "of a copy's (the faster x + 1, bf16 or f32 on the same bytes) in this run", file=out)
-    print(table(["program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s",
+    print(table(["path", "program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s",
                  "of copy"],
-                [[r["program"], r["format"] or "-", str(r["mib"]),
+                [[r.get("path", "xla"), r["program"], r["format"] or "-", str(r["mib"]),
                   f"{r['seconds'] * 1e3:.2f} ms", f"{r['fewest_bytes'] / 1e6:.1f} MB",
                   f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}"] for r in results["codec"]]),
           file=out)

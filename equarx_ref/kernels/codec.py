@@ -52,7 +52,8 @@ from ..formats import Format
 from . import backend
 from .hop import wire_codec
 
-__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "decode", "encode", "hop"]
+__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "decode", "encode", "grid",
+           "hop"]
 
 #: A tile: TILE_ROWS rows of TILE_BLOCKS blocks (fewer where the message has fewer).
 TILE_ROWS, TILE_BLOCKS = 8, 128
@@ -86,6 +87,13 @@ def _tile(rows: int, m: int, fmt: Format, block_cols) -> tuple[int, int]:
                          f"multiple of {wide} ({TILE_BLOCKS} blocks, whole 128-byte lanes) "
                          "or the whole row")
     return min(rows, TILE_ROWS), block_cols
+
+
+def grid(rows: int, m: int, fmt: Format, *, block_cols: int | None = None) -> tuple[int, int]:
+    """The kernels' grid on a message of `rows` rows of `m` values of `fmt`: (groups of rows,
+    tiles along a row); each step moves one tile in and one out."""
+    tile = _tile(count(rows, "rows"), count(m, "m"), _format(fmt), block_cols)
+    return rows // tile[0], m // tile[1]
 
 
 def _call(body, tile, m: int, in_specs, out_spec, out_shape, interpret, *operands):

@@ -37,6 +37,7 @@ calls); the same programs compiled for a TPU, and XLA:TPU's own count of their b
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -48,8 +49,9 @@ from ..quantize import dequantize, quantize
 from ..wire import Codec
 from .timing import medians, time_calls
 
-__all__ = ["BENCH_FORMATS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_programs",
-           "codec_throughput", "plain_program", "quantizer_throughput", "throughput"]
+__all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_programs",
+           "codec_throughput", "kernel_programs", "plain_program", "quantizer_throughput",
+           "throughput"]
 
 #: The formats whose encode, decode and hop `equarx-ref bench` times (and `tpu_bytes` compiles).
 BENCH_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4")
@@ -59,6 +61,8 @@ QDQ_FORMATS = (*BENCH_FORMATS, "int8/f32", "int4/f32", "int4/b16", "fp8_e5m2", "
                "fp8_e4m3/f32")
 #: The codec programs, in table order.
 PROGRAMS = ("encode", "decode", "hop")
+#: The codec's two paths: XLA's fusions of `wire.Codec`, the Mosaic codec's Pallas kernels.
+PATHS = ("xla", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,40 +99,79 @@ def codec_programs(fmt: Format, n: int) -> dict[str, Program]:
     }
 
 
+def kernel_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
+    """encode, decode and hop of `fmt` over n bf16 values as the Mosaic codec's Pallas kernels
+    (`kernels.codec`; `interpret` as theirs, False: compiled natively): a message of
+    `TILE_ROWS` rows of n / TILE_ROWS values, the same bytes as the flat one, with the same
+    fewest bytes."""
+    from ..kernels import codec  # Pallas loads only here
+
+    rows, m, name = codec.TILE_ROWS, n // codec.TILE_ROWS, str(fmt)
+    nbytes = rows * fmt.nbytes(m)
+    wire, values = ("uint8", (rows, fmt.nbytes(m))), ("bfloat16", (rows, m))
+    return {
+        "encode": Program("encode", name, lambda x: codec.encode(x, fmt, interpret=interpret),
+                          (values,), 2 * n + nbytes),
+        "decode": Program("decode", name, lambda w: codec.decode(
+            w, fmt, m, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
+        "hop": Program("hop", name, lambda w, x: codec.hop(w, x, fmt, interpret=interpret),
+                       (wire, values), 2 * nbytes + 2 * n),
+    }
+
+
 def _values(mib: int) -> int:
     """Values of bf16 in `mib` MiB (a multiple of every block size)."""
     return count(mib, "mib") << 19
 
 
-def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5) -> list[dict]:
-    """encode, decode and hop of each format on `mib` MiB of bf16 against `x + 1` on it, all
-    in one round-robin (`time_calls`) on the default device.
+def _paths(paths) -> tuple[str, ...]:
+    """The codec paths to time: both on a TPU, where the Pallas kernels run natively; the XLA
+    path elsewhere (TPU interpret mode would time an emulator)."""
+    if paths is None:
+        from ..kernels.backend import on_tpu  # Pallas loads only here
 
-    Returns one row per program: {"program", "format" (for x + 1: its dtype), "mib", "n",
-    "seconds" (median), "fewest_bytes", "gbps" (fewest bytes / seconds / 1e9), "of_copy"
-    (gbps over "copy_gbps", the faster x + 1's)}; the two `x + 1` rows (bf16, f32) first.
+        return PATHS if on_tpu() else ("xla",)
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        raise ValueError(f"unknown codec paths {unknown}: choose from {PATHS}")
+    return tuple(paths)
+
+
+def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
+                     paths=None) -> list[dict]:
+    """encode, decode and hop of each format on `mib` MiB of bf16 against `x + 1` on it, all
+    in one round-robin (`time_calls`) on the default device; `paths`: the XLA path's codec
+    and, on a TPU (None), the Mosaic codec's kernels too (`kernel_programs`).
+
+    Returns one row per program: {"path" ("xla" or "pallas"), "program", "format" (for x + 1:
+    its dtype), "mib", "n", "seconds" (median), "fewest_bytes", "gbps" (fewest bytes / seconds
+    / 1e9), "of_copy" (gbps over "copy_gbps", the faster x + 1's)}; the two `x + 1` rows (bf16,
+    f32) first.
     """
     n = _values(mib)
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32).astype(jnp.bfloat16)
-    progs = [plain_program(n), plain_program(n, "float32")]
-    calls = {"x + 1": (jax.jit(progs[0].fn), (x,)),
-             "x + 1 f32": (jax.jit(progs[1].fn), (x[: n // 2].astype(jnp.float32),))}
-    for name in formats:
-        fmt = Format.parse(name)
-        by_name = codec_programs(fmt, n)
-        wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(x))  # real messages
-        for prog in by_name.values():
-            progs.append(prog)
-            args = (wire,) if prog.name == "decode" else (x,) if prog.name == "encode" \
-                else (wire, x)
-            calls[f"{prog.name} {prog.fmt}"] = (jax.jit(prog.fn), args)
+    progs = [("xla", plain_program(n)), ("xla", plain_program(n, "float32"))]
+    calls = {"x + 1": (jax.jit(progs[0][1].fn), (x,)),
+             "x + 1 f32": (jax.jit(progs[1][1].fn), (x[: n // 2].astype(jnp.float32),))}
+    for path in _paths(paths):
+        make = {"xla": codec_programs,
+                "pallas": functools.partial(kernel_programs, interpret=None)}[path]
+        for name in formats:
+            by_name = make(Format.parse(name), n)
+            values = x.reshape(by_name["encode"].args[0][1])  # flat, or the kernels' rows
+            wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(values))  # real messages
+            for prog in by_name.values():
+                progs.append((path, prog))
+                args = (wire,) if prog.name == "decode" else (values,) \
+                    if prog.name == "encode" else (wire, values)
+                calls[f"{path} {prog.name} {prog.fmt}"] = (jax.jit(prog.fn), args)
     t = medians(time_calls({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in calls.items()},
                            repeats))
     copy = 4 * n / min(t["x + 1"], t["x + 1 f32"]) / 1e9
-    return [{"program": p.name, "format": p.fmt, "mib": mib, "n": n, "seconds": s,
-             "fewest_bytes": p.fewest_bytes, "gbps": p.fewest_bytes / s / 1e9,
+    return [{"path": path, "program": p.name, "format": p.fmt, "mib": mib, "n": n,
+             "seconds": s, "fewest_bytes": p.fewest_bytes, "gbps": p.fewest_bytes / s / 1e9,
              "of_copy": p.fewest_bytes / s / 1e9 / copy, "copy_gbps": copy}
-            for p, s in zip(progs, t.values(), strict=True)]
+            for (path, p), s in zip(progs, t.values(), strict=True)]
 
 
 def quantizer_throughput(mib: int = 64, *, formats=QDQ_FORMATS, repeats: int = 5) -> list[dict]:
@@ -153,13 +196,13 @@ def quantizer_throughput(mib: int = 64, *, formats=QDQ_FORMATS, repeats: int = 5
 
 
 def throughput(mibs=(64,), *, repeats: int = 5, formats=BENCH_FORMATS,
-               qdq_formats=QDQ_FORMATS) -> dict:
+               qdq_formats=QDQ_FORMATS, paths=None) -> dict:
     """What `equarx-ref bench` measures at every size in `mibs`: {"device" (jax's device kind),
     "platform", "codec": `codec_throughput` rows, "quantizer": `quantizer_throughput` rows}."""
     mibs = [count(m, "mib") for m in mibs]
     device = jax.devices()[0]
     return {"device": device.device_kind, "platform": device.platform,
             "codec": [r for mib in mibs for r in codec_throughput(
-                mib, formats=formats, repeats=repeats)],
+                mib, formats=formats, repeats=repeats, paths=paths)],
             "quantizer": [r for mib in mibs for r in quantizer_throughput(
                 mib, formats=qdq_formats, repeats=repeats)]}

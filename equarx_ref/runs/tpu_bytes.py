@@ -22,7 +22,7 @@ the floor agree (1.00x). The programs, on one chip, at `mib` MiB of bf16 (n valu
 
 (`bench.codec_programs`, the same functions `equarx-ref bench` times), each compiled twice: the
 XLA path (`wire.Codec`, flat arrays as the collectives hand it a chunk) and the Mosaic codec's
-Pallas kernels (`kernels.codec`, the same bytes as a message of 8 rows: `kernel_programs`).
+Pallas kernels (`kernels.codec`, the same bytes as a message of 8 rows: `bench.kernel_programs`).
 XLA:TPU cannot see inside a kernel (its count takes in part of one), so a kernel program's
 figure is the count of the XLA ops around it plus what the kernel's grid moves, every tile of
 its operands and results once (`hlo_memory.kernel_io`). The AllReduces are
@@ -50,23 +50,19 @@ import math
 import time
 from collections.abc import Callable
 
-import jax.numpy as jnp
-
 from ..formats import Format
 from ..models.hlo_memory import kernel_io, largest_arrays, memory_traffic
-from .bench import BENCH_FORMATS, PROGRAMS, Program, codec_programs, plain_program
+from .bench import BENCH_FORMATS, PATHS, PROGRAMS, codec_programs, kernel_programs, plain_program
 from .tpu_compile import compile_all_reduce, compile_on_chip
 
-__all__ = ["ALGORITHMS", "PATHS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
-           "format_byte_ratios", "kernel_programs"]
+__all__ = ["ALGORITHMS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
+           "format_byte_ratios"]
 
 #: The AllReduce schedules compared with `lax.psum`.
 ALGORITHMS = ("ring", "bidir_ring", "two_shot")
 #: The project's target: every program's bytes accessed within 2x of its fewest bytes (codec
 #: programs) or of psum's (AllReduces). Printed beside the figures, not asserted.
 TARGET = 2.0
-#: The codec's two paths on a TPU: XLA's fusions of `wire.Codec`, the Mosaic codec's kernels.
-PATHS = ("xla", "pallas")
 
 
 def _accessed(compiled) -> float:
@@ -98,25 +94,6 @@ def _values(mib: float) -> int:
         raise ValueError(f"{mib} MiB: expected a positive multiple of 1/64 MiB (whole blocks of "
                          "every format on 8 chips)")
     return n
-
-
-def kernel_programs(fmt: Format, n: int) -> dict[str, Program]:
-    """encode, decode and hop of `fmt` over n bf16 values as the Mosaic codec's Pallas kernels
-    (`kernels.codec`, compiled natively): a message of `TILE_ROWS` rows of n / TILE_ROWS
-    values, the same bytes as the flat one, with the same fewest bytes."""
-    from ..kernels import codec  # Pallas loads only here
-
-    rows, m, name = codec.TILE_ROWS, n // codec.TILE_ROWS, str(fmt)
-    nbytes = rows * fmt.nbytes(m)
-    wire, values = ("uint8", (rows, fmt.nbytes(m))), ("bfloat16", (rows, m))
-    return {
-        "encode": Program("encode", name, lambda x: codec.encode(x, fmt, interpret=False),
-                          (values,), 2 * n + nbytes),
-        "decode": Program("decode", name, lambda w: codec.decode(
-            w, fmt, m, jnp.bfloat16, interpret=False), (wire,), nbytes + 2 * n),
-        "hop": Program("hop", name, lambda w, x: codec.hop(w, x, fmt, interpret=False),
-                       (wire, values), 2 * nbytes + 2 * n),
-    }
 
 
 def codec_bytes(topology: str, *, mib: float = 16, formats=BENCH_FORMATS, paths=PATHS,
