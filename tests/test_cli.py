@@ -204,7 +204,7 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
 
 def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     """The Mosaic codec's kernels are checked too: with one bit of the encode kernel's output
-    flipped, the check fails and names the kernel."""
+    flipped, or the decode kernel's values negated, the check fails and names the kernel."""
     from equarx_ref.kernels import codec
 
     def flipped(codec_, x_ref, out_ref):
@@ -216,6 +216,15 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "first difference: kernels int8, gaussian, by kernels.codec.encode" in text, text
     assert any(ln.split()[:5] == ["kernels", "int8", "0", "of", "12"] for ln in text.splitlines())
+    monkeypatch.undo()
+
+    def negated(codec_, cols, dtype, wire_ref, out_ref):  # -0.0 for +0.0 too: bits, not ==
+        out_ref[...] = -codec_.decode(wire_ref[...], cols, dtype)
+
+    monkeypatch.setattr(codec, "_decode_body", negated)
+    assert cli.main(["check"]) == 1
+    text = capsys.readouterr().out
+    assert "first difference: kernels int8, " in text and "by kernels.codec.decode" in text, text
 
 
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):

@@ -68,6 +68,17 @@ def _first_block(fmt, x, want, got, fixed) -> dict:
             "got": got[bad * per:(bad + 1) * per].tolist()}
 
 
+def _values_differ(fmt, x, expect, got, finite, path: str) -> dict | None:
+    """The first value of `got` that is not the spec's `expect` (to the bit in a finite block,
+    any non-finite value in a non-finite one), or None when there is none."""
+    same = (got.view(np.uint32) == expect.view(np.uint32)) | ~finite & ~np.isfinite(got)
+    if same.all():
+        return None
+    i = int(np.flatnonzero(~same)[0])
+    return {"path": path, "block": i // fmt.block_size, "values": _plain(x[i:i + 1]),
+            "expected": _plain(expect[i:i + 1]), "got": _plain(got[i:i + 1])}
+
+
 def check_format(name: str) -> dict:
     """Every data class through the package and the spec for format `name`: {class: None
     when bitwise equal, else what differs first}."""
@@ -91,14 +102,8 @@ def check_format(name: str) -> dict:
         elif not np.array_equal(rounded[fixed], stochastic[fixed]):
             out[cls] = {"path": f"to_bytes(quantize(x, key=jax.random.key({KEY})))",
                         **_first_block(fmt, x, stochastic, rounded, fixed)}
-        elif not (np.array_equal(values[finite].view(np.uint32), expect[finite].view(np.uint32))
-                  and not np.isfinite(values[~finite]).any()):
-            i = int(np.flatnonzero(~((values == expect) | ~finite & ~np.isfinite(values)))[0])
-            out[cls] = {"path": "dequantize", "block": i // fmt.block_size,
-                        "values": _plain(x[i:i + 1]), "expected": _plain(expect[i:i + 1]),
-                        "got": _plain(values[i:i + 1])}
         else:
-            out[cls] = None
+            out[cls] = _values_differ(fmt, x, expect, values, finite, "dequantize")
     return out
 
 
@@ -126,16 +131,9 @@ def check_kernels(name: str) -> dict:
         if not np.array_equal(got[i][fixed], want[i][fixed]):
             out[cls] = {"path": "kernels.codec.encode",
                         **_first_block(fmt, rows[i], want[i], got[i], fixed)}
-        elif not (np.array_equal(values[i][finite].view(np.uint32),
-                                 expect[finite].view(np.uint32))
-                  and not np.isfinite(values[i][~finite]).any()):
-            j = int(np.flatnonzero(~((values[i] == expect) | ~finite
-                                     & ~np.isfinite(values[i])))[0])
-            out[cls] = {"path": "kernels.codec.decode", "block": j // fmt.block_size,
-                        "values": _plain(rows[i, j:j + 1]), "expected": _plain(expect[j:j + 1]),
-                        "got": _plain(values[i, j:j + 1])}
         else:
-            out[cls] = None
+            out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
+                                      "kernels.codec.decode")
     return out
 
 

@@ -31,7 +31,7 @@ path); their ratio is to `lax.psum`'s bytes accessed for the same array (and to 
 bytes, 4n per chip: the input read once, the result written once; what crosses the wire is not
 in "bytes accessed"). The project's target (`TARGET`) is each ratio within 2x. The Pallas
 kernels meet it for the codec programs (their grids move the fewest bytes: 1.0x); the XLA path
-does not (20-130x), nor do the AllReduces built on it, so the tests hold the kernels to the
+does not (10-130x), nor do the AllReduces built on it, so the tests hold the kernels to the
 target and the XLA path to today's figures as regression bounds.
 
 The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
