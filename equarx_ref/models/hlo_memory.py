@@ -147,12 +147,35 @@ def _computations(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
     return entry, comps
 
 
-def memory_traffic(hlo_text: str) -> MemoryTraffic:
-    """Bytes accessed by a compiled program (`compiled.as_text()`), op by op: the ENTRY
-    computation and the loop bodies and branches it runs (fusions count at their boundary)."""
+def _ops(lines: list[str]):
+    """Each instruction of a computation that calls an op: (opcode, its text, the arrays it
+    touches: its operands' and its results', each (tiled bytes, data bytes, in VMEM))."""
+    arrays: dict[str, list[tuple[float, float, bool]]] = {}
+    for line in lines:
+        instr = _INSTR.match(line)
+        if not instr:
+            continue
+        target, rest = instr.groups()
+        call = _CALL.search(rest)
+        result = rest[:call.start()] if call else rest
+        arrays[target] = [_array_bytes(*s.groups()) for s in _SHAPE.finditer(result)]
+        if call:
+            operands = re.findall(r"%([\w.\-]+)", call.group(2))
+            yield call.group(1), rest, \
+                [a for op in operands for a in arrays.get(op, [])] + arrays[target]
+
+
+def _entry(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
     entry, comps = _computations(hlo_text)
     if not entry:
         raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
+    return entry, comps
+
+
+def memory_traffic(hlo_text: str) -> MemoryTraffic:
+    """Bytes accessed by a compiled program (`compiled.as_text()`), op by op: the ENTRY
+    computation and the loop bodies and branches it runs (fusions count at their boundary)."""
+    entry, comps = _entry(hlo_text)
     todo, seen = [entry], []
     while todo:
         name = todo.pop()
@@ -162,21 +185,9 @@ def memory_traffic(hlo_text: str) -> MemoryTraffic:
     by_kind = dict.fromkeys(KINDS, 0.0)
     vmem = logical = 0.0
     for name in seen:
-        arrays: dict[str, list[tuple[float, float, bool]]] = {}
-        for line in comps[name]:
-            instr = _INSTR.match(line)
-            if not instr:
+        for opcode, _, touched in _ops(comps[name]):
+            if opcode in _FREE:
                 continue
-            target, rest = instr.groups()
-            call = _CALL.search(rest)
-            result = rest[:call.start()] if call else rest
-            arrays[target] = [_array_bytes(*s.groups()) for s in _SHAPE.finditer(result)]
-            opcode = call.group(1) if call else ""
-            if not call or opcode in _FREE:
-                continue
-            operands = re.findall(r"%([\w.\-]+)", call.group(2))
-            ins = [a for op in operands for a in arrays.get(op, [])]
-            touched = ins + arrays[target]
             size = sum(a[0] for a in touched)
             by_kind[_KIND.get(opcode, "other")] += size
             logical += sum(a[1] for a in touched)
@@ -191,20 +202,6 @@ def kernel_io(hlo_text: str) -> float:
     each one's grid visits every tile of every operand and result once (`kernels/codec.py`'s
     do). A kernel that DMAs by hand (`kernels/ring.py`) moves what its program says, which
     this does not read."""
-    entry, comps = _computations(hlo_text)
-    if not entry:
-        raise ValueError("no ENTRY computation in this text: pass compiled.as_text()")
-    arrays: dict[str, list[float]] = {}
-    total = 0.0
-    for line in comps[entry]:
-        instr = _INSTR.match(line)
-        if not instr:
-            continue
-        target, rest = instr.groups()
-        call = _CALL.search(rest)
-        result = rest[:call.start()] if call else rest
-        arrays[target] = [_array_bytes(*s.groups())[0] for s in _SHAPE.finditer(result)]
-        if call and call.group(1) == "custom-call" and '"tpu_custom_call"' in rest:
-            operands = re.findall(r"%([\w.\-]+)", call.group(2))
-            total += sum(arrays[target]) + sum(b for op in operands for b in arrays.get(op, []))
-    return total
+    entry, comps = _entry(hlo_text)
+    return sum(a[0] for opcode, text, touched in _ops(comps[entry])
+               if opcode == "custom-call" and '"tpu_custom_call"' in text for a in touched)
