@@ -31,9 +31,12 @@ Over one device nothing is sent, so nothing is quantized: `all_reduce` returns `
 an empty `x` comes back empty. What each configuration sends and how much error it makes are
 predicted, from the same schedules, in `predict.py`.
 
-`impl="pallas"` runs "ring" and "bidir_ring" as one Pallas TPU kernel instead (remote DMAs,
-semaphores, an in-kernel pipeline: `kernels/ring.py`), natively on a TPU and in TPU interpret
-mode elsewhere; its result is bitwise `impl="xla"`'s, its messages the same bytes.
+`impl="mosaic"` runs the same schedule and collectives with the Mosaic codec's Pallas kernels
+coding every message (`kernels/codec.py`): a hop's decode, add and encode are one pass over
+HBM, its f32 sum never written out (execute.py keeps it pending). `impl="pallas"` runs "ring"
+and "bidir_ring" as one Pallas TPU kernel instead (remote DMAs, semaphores, an in-kernel
+pipeline: `kernels/ring.py`), natively on a TPU and in TPU interpret mode elsewhere. Both give
+bitwise `impl="xla"`'s result, and send the same bytes.
 
 Remedies for the error of re-quantized partial sums (compared in `equarx-ref sweep`):
 
@@ -144,9 +147,12 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
         hop_bits: "uniform" (fmt on every hop) or "adaptive": per-hop integer widths and
             blocks, more bits on the larger partial sums, no more bits per element than fmt
             (`hops.py`; fmt an integer format, at most `hops.MAX_DEVICES` devices).
-        impl: "xla" (shard_map collectives) or "pallas" (one Pallas TPU kernel with remote
-            DMAs; "ring" and "bidir_ring" over one axis; interpret mode off a TPU). Both give
-            bitwise the same result.
+        impl: "xla" (shard_map collectives), "mosaic" (the same collectives, every message
+            coded by the Mosaic codec's kernels and each hop one fused kernel pass,
+            `kernels/codec.py`; round to nearest, uniform hops, `codec.FORMATS`; off a TPU the
+            kernels' body runs as XLA ops) or "pallas" (one Pallas TPU kernel with remote
+            DMAs; "ring" and "bidir_ring" over one axis; interpret mode off a TPU). All give
+            bitwise the same result, and send the same bytes.
         backward: the derivative is psum's (straight-through: the tangent is `lax.psum` of
             the tangent, exact). "psum" (default): the cotangent is psum's transpose, exact;
             "quantized": the cotangent goes through this same collective (reverse mode only;
@@ -176,7 +182,8 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
         ValueError: unknown algorithm, axis, impl or backward, `fmt` given with "psum", bad
             `num_chunks`, `min_bytes` or `bucket_bytes` (checked even where unused), a remedy
             (`key`, `rotate`, `hop_bits`) without a quantized fmt, impl="pallas" with an
-            algorithm, torus or remedy it does not run. `AllReduce` applies the same rules
+            algorithm, torus or remedy it does not run, impl="mosaic" with a key, adaptive
+            hops or a format its kernels do not code. `AllReduce` applies the same rules
             (`rules.py`) when built.
 
     Warns:
@@ -218,7 +225,7 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
 
         return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
     return run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
-                _mesh_axes(axes))
+                        _mesh_axes(axes), impl)
 
 
 def _quantize(x, shape, fmt, algorithm, num_chunks, min_bytes, hop_bits) -> bool:
@@ -291,7 +298,7 @@ class AllReduce:
 
         pipe = f" x{self.num_chunks}" if self.num_chunks > 1 else ""
         extra = f" +{self.remedies.replace(' ', ' +')}" if self.remedies else ""
-        kernel = " (pallas)" if self.impl == "pallas" else ""
+        kernel = f" ({self.impl})" if self.impl != "xla" else ""
         tree = "".join(part for part, on in (
             (f" as {self.dtype}", self.dtype is not None),
             (f" buckets of {self.bucket_bytes} B", self.bucket_bytes is not None),

@@ -17,6 +17,12 @@ the implementation, and hands the XLA path here. `run_schedule` walks the schedu
 bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:CPU cannot widen
 it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 
+A backend codec may fuse a hop (`kernels.codec.RowCodec`, `impl="mosaic"`): then a permute
+step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk), and the
+step that sends exactly that sum onwards hands both to the codec's `hop`, decode, add and
+encode in one pass, so the f32 partial sum never goes to memory. Anything else that reads a
+pending sum computes it there, the same additions as the XLA codec's path.
+
 Layout (`schedule.layout`): the flattened input is zero-padded to the schedule's chunks, cut at
 block boundaries. With `num_chunks=k` (ring family) each chunk is cut into k pieces and the
 schedule runs on every piece: piece j's hop s depends only on piece j's hop s-1, so quantizing
@@ -51,9 +57,14 @@ class _Wire:
 
     GATHER = 1 << 20  # the gather phase's "time" in the key
 
-    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=()):
+    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=(), impl="xla"):
         self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
-        self.default = Codec(fmt, dtype)
+        if impl == "mosaic" and fmt is not None:  # the kernels code each message
+            from .kernels.codec import RowCodec  # Pallas loads only when asked for
+
+            self.default = RowCodec(fmt, dtype)
+        else:
+            self.default = Codec(fmt, dtype)
         self.align = plan.align if plan is not None else self.default.align
         self.codecs = {} if plan is None else {
             t: Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
@@ -93,6 +104,15 @@ def _rank_order_sum(parts: jax.Array, exact_zero=lambda v: v) -> jax.Array:
     return total
 
 
+class _Sum:
+    """A hop's partial sum not computed yet: decode(message) + local, in f32. The codec's fused
+    hop (`RowCodec.hop`) sends it onwards in one pass when the next step sends exactly it;
+    anything else reads its values (`_Held.rows`)."""
+
+    def __init__(self, message: jax.Array, local: jax.Array, codec):
+        self.message, self.local, self.codec = message, local, codec
+
+
 class _Held:
     """Where each device's current value of each chunk lives, known when tracing.
 
@@ -111,6 +131,10 @@ class _Held:
 
     def rows(self, chunks_of) -> jax.Array:
         """This device's current values of the chunks `chunks_of(d)` names on device d."""
+        return self.settle(self.raw(chunks_of).astype(self.acc))
+
+    def raw(self, chunks_of) -> jax.Array:
+        """`rows` as they are held: an input row in its own dtype, a sum in f32."""
         wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
         parts = []
         for i in range(len(wanted[0])):  # runs of consecutive rows of one source
@@ -122,10 +146,34 @@ class _Held:
             if any(w[i][0] != src for w in wanted):
                 raise ValueError("the schedule reads different sources on different devices")
             parts.append([src, [w[i][1] for w in wanted], 1])
-        out = [lax.dynamic_slice_in_dim(self.sources[src], _table(first)[self.me], size)
+        out = [lax.dynamic_slice_in_dim(self._values(src), _table(first)[self.me], size)
                for src, first, size in parts]
-        out = out[0] if len(out) == 1 else jnp.concatenate(out)
-        return self.settle(out.astype(self.acc))
+        return out[0] if len(out) == 1 else jnp.concatenate(out)
+
+    def _values(self, src: int) -> jax.Array:
+        held = self.sources[src]
+        if isinstance(held, _Sum):  # computed where it is read, once
+            count, m = held.local.shape
+            got = held.codec.decode(held.message, count * m).reshape(count, m)
+            held = self.sources[src] = got + self.settle(held.local.astype(self.acc))
+        return held
+
+    def send(self, chunks_of, codec, key, *, flat: bool = False) -> jax.Array:
+        """The message of this device's chunks `chunks_of(d)` ([chunks, m] values, or flat):
+        encoded, or, where they are exactly one hop's pending sum that `codec` fuses, that
+        hop in one pass (`RowCodec.hop`): its f32 sum never leaves the core."""
+        wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
+        src = wanted[0][0][0] if wanted[0] else None
+        held = self.sources[src] if src is not None else None
+        if isinstance(held, _Sum) and held.codec is codec and key is None and \
+                all(w == [(src, j) for j in range(held.local.shape[0])] for w in wanted):
+            local = held.local.reshape(-1) if flat else held.local
+            if codec.fuses(local.shape[-1]):
+                return codec.hop(held.message, local)
+        # the kernels take the values as they are held (their quantizer reads a subnormal
+        # as a zero of its sign itself): no f32 copy of an input chunk
+        values = self.raw(chunks_of) if hasattr(codec, "hop") and flat else self.rows(chunks_of)
+        return codec.encode(values.reshape(-1) if flat else values, key)
 
     def settle(self, values: jax.Array) -> jax.Array:
         """A quantized schedule adds f32 values whose subnormals read as zeros of their sign
@@ -137,8 +185,8 @@ class _Held:
         return zero_subnormals(values) if self.quantized and self.acc == jnp.float32 \
             else values
 
-    def store(self, values: jax.Array, chunks_of) -> None:
-        """`values` [k, m] are now device d's chunks `chunks_of(d)`."""
+    def store(self, values, chunks_of) -> None:
+        """`values` [k, m] (or a `_Sum` of them) are now device d's chunks `chunks_of(d)`."""
         self.sources.append(values)
         for d in range(self.p):
             for j, c in enumerate(chunks_of(d)):
@@ -156,17 +204,19 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             by_src = {t.src: t.chunks for t in step.transfers}
             by_dst = {t.dst: t.chunks for t in step.transfers}
             count = len(step.transfers[0].chunks)
-            buf = codec.encode(held.rows(by_src.__getitem__).reshape(-1), key)
+            buf = held.send(by_src.__getitem__, codec, key, flat=True)
             buf = lax.ppermute(buf, group, [(t.src, t.dst) for t in step.transfers])
-            got = codec.decode(buf, count * m).reshape(count, m)
-            held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
+            if hasattr(codec, "hop") and codec.fuses(count * m):  # the sum stays lazy
+                held.store(_Sum(buf, held.raw(by_dst.__getitem__), codec), by_dst.__getitem__)
+            else:
+                got = codec.decode(buf, count * m).reshape(count, m)
+                held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
-            got = codec.decode(lax.all_to_all(codec.encode(held.rows(everything), key), group,
-                                              0, 0), m)
+            got = codec.decode(lax.all_to_all(held.send(everything, codec, key), group, 0, 0), m)
             held.store(_rank_order_sum(got, held.settle)[None], lambda d: (d,))
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
-            got = typed_all_gather(codec.encode(held.rows(everything), key), axes[step.axis],
-                              wire.mesh_axes, axis=0)
+            got = typed_all_gather(held.send(everything, codec, key), axes[step.axis],
+                                   wire.mesh_axes, axis=0)
             # the same sums on every device
             held.store(_rank_order_sum(codec.decode(got, m), held.settle), everything)
         else:
@@ -181,31 +231,33 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
     k = len(owned[0])
     codec = wire.codec(None)
-    buf = codec.encode(held.rows(owned.__getitem__), wire.rounding(None))  # [k, bytes]
+    buf = held.send(owned.__getitem__, codec, wire.rounding(None))  # [k, *message]
+    message = buf.shape[1:]  # [bytes], or the Mosaic codec's [rows, bytes]
     for step in (s for s in sched.steps if s.phase == "gather"):
         buf = typed_all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
     # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
     # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
     # The rows are put in chunk order as bytes, before decoding: decoding int4 into a
     # transposed order took 1.8x as long as into rows in place (16M values, XLA:CPU).
-    buf = buf.reshape(p * k, -1)
+    buf = buf.reshape(p * k, *message)
     if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
-        buf = buf.reshape(p, k, -1).swapaxes(0, 1).reshape(p * k, -1)
+        buf = buf.reshape(p, k, *message).swapaxes(0, 1).reshape(p * k, *message)
     else:
         order = [c for d in range(p) for c in owned[d]]
         buf = jnp.take(buf, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
     return codec.decode(buf, m, dtype)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9))
-def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, mesh_axes):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9, 10))
+def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, mesh_axes,
+                 impl="xla"):
     """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
     `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
     74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
     n = x.size
     sched = make_schedule(algorithm, shape)
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
-    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes)
+    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes, impl)
     length, pieces = layout(n, sched.chunk_count, wire.align, num_chunks)
     flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
     if sched.chunk_count * length > n:

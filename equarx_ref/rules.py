@@ -12,7 +12,8 @@ In the order they are checked: the algorithm with its format and pipeline depth
 `_checks.min_bytes`, which `wire_bytes` shares, so both word a refusal alike); the remedies
 (`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt, and a
 rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
-over one mesh axis, round to nearest, no remedies); the pytree arguments
+over one mesh axis, round to nearest, no remedies; "mosaic" any schedule, round to nearest,
+uniform hops, the formats its kernels compile for); the pytree arguments
 (`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map`
 (or `vmap`, `pmap`), or a pair of distinct ones; a key must be one typed key or one raw uint32
 key.
@@ -33,8 +34,9 @@ from .schedule import RING_FAMILY, check_algorithm
 
 __all__ = ["IMPLS", "check_axes", "check_config", "check_key"]
 
-#: How `all_reduce` executes a schedule: shard_map collectives, or one Pallas TPU kernel.
-IMPLS = ("xla", "pallas")
+#: How `all_reduce` executes a schedule: shard_map collectives with the XLA codec ("xla") or
+#: with the Mosaic codec's kernels ("mosaic"), or one Pallas TPU kernel ("pallas").
+IMPLS = ("xla", "mosaic", "pallas")
 
 
 def check_axes(axis_name) -> tuple[str, ...]:
@@ -75,7 +77,8 @@ def check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bo
     check_algorithm(algorithm, fmt, shape, num_chunks)
     check_min_bytes(min_bytes)
     _check_remedies(fmt, stochastic, rotate, hop_bits)
-    _check_impl(impl, algorithm, axes, remedies=stochastic or rotate or hop_bits != "uniform")
+    _check_impl(impl, algorithm, axes, fmt, stochastic=stochastic, hop_bits=hop_bits,
+                remedies=stochastic or rotate or hop_bits != "uniform")
     return check_tree_args(backward, bucket_bytes, dtype)
 
 
@@ -94,9 +97,12 @@ def _check_remedies(fmt: Format | None, stochastic: bool, rotate, hop_bits) -> N
                          f"size must be a power of two, got {fmt.block_size}")
 
 
-def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
+def _check_impl(impl, algorithm: str, axes, fmt=None, *, stochastic: bool = False,
+                hop_bits: str = "uniform", remedies: bool = False) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
+    if impl == "mosaic":
+        _check_mosaic(fmt, algorithm, stochastic, hop_bits)
     if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
         runs = " and ".join(map(repr, RING_FAMILY))
@@ -105,3 +111,16 @@ def _check_impl(impl, algorithm: str, axes, *, remedies: bool = False) -> None:
     if impl == "pallas" and remedies:
         raise ValueError("impl='pallas' runs round-to-nearest on one format per hop: key=, "
                          "rotate=True and hop_bits='adaptive' need impl='xla'")
+
+
+def _check_mosaic(fmt, algorithm: str, stochastic: bool, hop_bits: str) -> None:
+    """impl='mosaic': the XLA path's schedule, each message coded by the Mosaic codec's kernels
+    (`kernels.codec`): round to nearest, one format, one the TPU compile tier compiles."""
+    from .kernels.codec import FORMATS  # Pallas loads only when asked for
+
+    if stochastic or hop_bits != "uniform":
+        what = "stochastic rounding (key=)" if stochastic else f"hop_bits={hop_bits!r}"
+        raise ValueError(f"impl='mosaic' rounds to nearest in one format: {what} needs "
+                         "impl='xla'")
+    if fmt is not None and algorithm != "psum" and str(fmt) not in FORMATS:
+        raise ValueError(f"impl='mosaic' codes {', '.join(FORMATS)}, not {fmt}; use impl='xla'")

@@ -173,8 +173,10 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     assert cli.main(["check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "bitwise equal to the spec on CPU: 9 formats, 12 data classes; the Mosaic codec's " \
-        "kernels 8 formats" in text, text
-    assert json.loads(out.read_text())["equal"] is True
+        "kernels 8 formats; all_reduce 5 cases" in text, text
+    result = json.loads(out.read_text())
+    assert result["equal"] is True
+    assert result["all_reduce"]["ring int8 p=8 (mosaic)"] is None
 
 
 def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):

@@ -213,8 +213,8 @@ def test_unsupported_combinations_are_refused():
                              mesh=mesh, in_specs=P(("a", "b")), out_specs=P(),
                              check_vma=False)(x)
 
-    with pytest.raises(ValueError, match="unknown impl 'mosaic'"):
-        call(impl="mosaic")
+    with pytest.raises(ValueError, match="unknown impl 'triton'"):
+        call(impl="triton")
     with pytest.raises(ValueError, match=r"impl='pallas' runs 'ring' and 'bidir_ring'.*two_shot"):
         call(impl="pallas", algorithm="two_shot")
     with pytest.raises(ValueError, match=r"impl='pallas'.*not a 2D torus"):

@@ -241,7 +241,9 @@ def test_byte_ratio_table_reads_the_report():
     ar = [{"topology": "v5e:2x4", "algorithm": "psum", "format": "bfloat16", "ratio": 1.0,
            "to_psum": 1.0},
           {"topology": "v5e:2x4", "algorithm": "ring", "format": "int8", "ratio": 53.7,
-           "to_psum": 53.7}]
+           "to_psum": 53.7},
+          {"topology": "v5e:2x4", "path": "pallas", "algorithm": "ring", "format": "int8",
+           "ratio": 6.8, "to_psum": 6.8}]
     text = tpu_bytes.format_byte_ratios({"mib": 0.25, "p": 8, "target": 2.0, "codec": codec,
                                          "all_reduce": ar})
     lines = text.splitlines()
@@ -252,7 +254,8 @@ def test_byte_ratio_table_reads_the_report():
                for ln in lines)
     assert any(ln.split() == ["v5e:2x4", "bfloat16", "xla", "1.0x", "(x", "+", "1)"]
                for ln in lines)
-    assert any(ln.split() == ["v5e:2x4", "int8", "53.7x"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "xla", "53.7x"] for ln in lines)
+    assert any(ln.split() == ["v5e:2x4", "int8", "pallas", "6.8x"] for ln in lines)
     assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)
 
 
@@ -282,6 +285,13 @@ TODAY = {  # topology: {format: ratios in the order of TODAY_COLUMNS}
     },
 }
 TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
+#: `all_reduce(impl="mosaic")` over psum (path "pallas": the kernels' tiles plus the XLA ops
+#: around them), measured 2026-11-27 with libtpu 0.0.42.1 at 1/4 MiB, the same on v5e and v6e:
+#: (ring, bidir_ring, two_shot). Short rows (8 rows of 64 blocks a chunk) pad their tiles, so
+#: the formats differ only by their wire's width.
+TODAY_MOSAIC = {"int8": (6.79, 9.50, 13.66), "int4": (5.97, 8.42, 12.88),
+                "fp8_e4m3": (6.79, 9.50, 13.66), "mxfp8": (6.79, 9.50, 13.66),
+                "mxfp4": (5.97, 8.42, 12.88)}
 
 
 @needs_libtpu
@@ -289,9 +299,9 @@ TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
 def test_codec_bytes_accessed_held_to_today(topology):
     """Issue 29: the codec must move near its fewest bytes. Asserted: the Mosaic codec's
     kernels (path "pallas") meet the 2x target for encode, decode and hop of every bench format;
-    `x + 1` costs its fewest bytes (<= 1.1x), psum its 4n; and no XLA-path ratio grows more
-    than 10% over today's (a regression bound, not a goal: the XLA path misses the target,
-    printed beside each figure)."""
+    `x + 1` costs its fewest bytes (<= 1.1x), psum its 4n; and no AllReduce's ratio (the XLA
+    path's, or impl="mosaic"'s) and no XLA-path codec ratio grows more than 10% over today's
+    (regression bounds, not goals: they miss the target, printed beside each figure)."""
     from equarx_ref.runs import tpu_bytes
 
     report = tpu_bytes.byte_ratios(topology, mib=0.25)
@@ -304,11 +314,20 @@ def test_codec_bytes_accessed_held_to_today(topology):
         met.append(f"{path} {program} {r['format']}: {ratio:.1f}x "
                    f"{'meets' if ratio <= tpu_bytes.TARGET else 'misses'} the 2x target")
         today = dict(zip(TODAY_COLUMNS, TODAY[topology].get(r["format"], ()), strict=False))
-        bound = tpu_bytes.TARGET if path == "pallas" else 1.1 * today.get(program, 1.0)
+        if path == "pallas" and "program" in r:
+            bound = tpu_bytes.TARGET
+        elif path == "pallas":
+            bound = 1.1 * dict(zip(TODAY_COLUMNS[3:], TODAY_MOSAIC[r["format"]],
+                                   strict=True))[program]
+        else:
+            bound = 1.1 * today.get(program, 1.0)
         if not ratio <= bound:
             worse.append(f"{path} {program} {r['format']}: {ratio:.2f}x > {bound:.2f}x")
     pallas = {(r["program"], r["format"]) for r in report["codec"] if r["path"] == "pallas"}
     assert len(pallas) == 3 * len(tpu_bytes.BENCH_FORMATS), pallas
+    mosaic = {(r["algorithm"], r["format"]) for r in report["all_reduce"]
+              if r["path"] == "pallas"}
+    assert len(mosaic) == 3 * len(tpu_bytes.BENCH_FORMATS), mosaic
     print("\n".join(met))
     plain = next(r for r in report["codec"] if r["program"] == "x + 1")
     psum = next(r for r in report["all_reduce"] if r["algorithm"] == "psum")

@@ -2,13 +2,14 @@
 
 `hop.py` is one quantized hop, `encode(decode(wire) + local)`, as a kernel; `codec.py` is the
 Mosaic codec: encode, decode and that hop as kernels that stream a message through HBM in tiles,
-moving the fewest bytes (what a TPU user would run per hop); `ring.py` is the
-whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel pipeline),
-what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively; elsewhere in TPU
-interpret mode on CPU devices, with the race detector on (`backend.py`). `plan.py` is the ring's
-static plan (plain data: pieces, slots, each step's program); `timeline.py` lays it out in time
-under assumed durations (plain Python, drawn by `viz.draw_kernel_timeline`). The harness that
-checks the kernels against `impl="xla"` and times them is `runs/kernel_checks.py`.
+moving the fewest bytes (what `eq.all_reduce(..., impl="mosaic")` runs per message); `ring.py`
+is the whole quantized ring AllReduce as one kernel (remote DMAs, semaphores, an in-kernel
+pipeline), what `eq.all_reduce(..., impl="pallas")` runs. On a TPU they run natively;
+elsewhere in TPU interpret mode on CPU devices, with the race detector on (`backend.py`).
+`plan.py` is the ring's static plan (plain data: pieces, slots, each step's program);
+`timeline.py` lays it out in time under assumed durations (plain Python, drawn by
+`viz.draw_kernel_timeline`). The harness that checks the kernels against `impl="xla"` and
+times them is `runs/kernel_checks.py`.
 """
 
 from . import codec

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import io
 import logging
 
@@ -30,7 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._jax_private import private
 
-__all__ = ["RaceLog", "interpret_params", "on_tpu", "race_detecting"]
+__all__ = ["RaceLog", "interpret_params", "on_tpu", "race_detecting", "result_type", "varying"]
 
 _MARK = "RACE DETECTED"  # how every report begins, printed or logged
 
@@ -148,3 +149,27 @@ class RaceLog:
     def count(self) -> int:
         """Races reported (0 when the kernel is race-free)."""
         return len(self.reports) if self.reports else int(self.found)
+
+
+def varying(x: jax.Array) -> frozenset:
+    """Mesh axes over which `x` may differ between devices (shard_map's check_vma types);
+    jax 0.10 keeps them in `manual_axis_type.varying`, earlier versions in `vma`."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and hasattr(mat, "varying"):
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def result_type(shape, dtype, varying: frozenset) -> jax.ShapeDtypeStruct:
+    """A kernel's output type for shard_map's check_vma: varying over `varying` only (jax
+    0.10 says `manual_axis_type`, earlier versions `vma`)."""
+    params = inspect.signature(jax.ShapeDtypeStruct).parameters
+    if "manual_axis_type" in params:
+        from jax.sharding import ManualAxisType
+
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(
+            varying=varying))
+    if "vma" in params:
+        return jax.ShapeDtypeStruct(shape, dtype, vma=varying)
+    return jax.ShapeDtypeStruct(shape, dtype)

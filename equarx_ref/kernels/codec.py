@@ -33,9 +33,9 @@ What this does not claim: the kernels compile for v5e and v6e (libtpu, from this
 `equarx-ref kernels --compile`, family "codec": the `FORMATS` below, not the bit-packed odd
 widths, whose packing Mosaic refuses as an unsupported shape cast), and their HBM bytes are the
 fewest, but no TPU has run them here, so nothing says the vector work inside keeps up with HBM.
-The ring kernel (`ring.py`) still calls the codec on whole rows, and the collectives the XLA
-path's codec; this module is the codec a TPU user would call per hop, and the measure of what a
-fused pass saves.
+The ring kernel (`ring.py`) still calls the codec on whole rows. The collectives run on these
+kernels with `all_reduce(impl="mosaic")`: `RowCodec` below is the executor's codec then, each
+message a few rows of whole blocks (`message_rows`) and each hop one `hop` call.
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._checks import array, count, value_dtype
 from ..formats import Format
+from ..quantize import zero_subnormals
+from ..wire import Codec
 from . import backend
 from .hop import wire_codec
 
-__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "decode", "encode", "grid",
-           "hop"]
+__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "RowCodec", "decode", "encode",
+           "grid", "hop", "message_rows"]
 
 #: A tile: TILE_ROWS rows of TILE_BLOCKS blocks (fewer where the message has fewer).
 TILE_ROWS, TILE_BLOCKS = 8, 128
@@ -102,9 +104,11 @@ def _call(body, tile, m: int, in_specs, out_spec, out_shape, interpret, *operand
     rows = operands[0].shape[0]
     groups = rows // tile[0]
     grouped = [op.reshape(groups, tile[0], op.shape[1]) for op in operands]
+    varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
     out = pl.pallas_call(
         body, grid=(groups, m // tile[1]), in_specs=in_specs, out_specs=out_spec,
-        out_shape=jax.ShapeDtypeStruct((groups, tile[0], out_shape.shape[1]), out_shape.dtype),
+        out_shape=backend.result_type((groups, tile[0], out_shape.shape[1]), out_shape.dtype,
+                                      varying),
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
         interpret=backend.interpret_params(interpret))(*grouped)
     return out.reshape(out_shape.shape)
@@ -132,6 +136,15 @@ def _wire(w, fmt: Format, rows: int, m: int, what: str) -> jax.Array:
     return w
 
 
+def _hop_tile(codec, cols: int, wire, local):
+    """A hop on one tile: bytes and local values in, the f32 sum stays on chip, the next
+    message out; a subnormal local value reads as a zero of its sign on every backend, as the
+    collectives add it (execute.py `settle`; a decoded value is never subnormal)."""
+    local = local.astype(codec.acc)
+    local = zero_subnormals(local) if codec.acc == jnp.float32 else local
+    return codec.encode(codec.decode(wire, cols) + local)
+
+
 def _encode_body(codec, x_ref, out_ref):
     out_ref[...] = codec.encode(x_ref[...])
 
@@ -141,9 +154,7 @@ def _decode_body(codec, cols, dtype, wire_ref, out_ref):
 
 
 def _hop_body(codec, cols, wire_ref, local_ref, out_ref):
-    # bytes and local values in, the f32 sum stays on chip, the next message out
-    out_ref[...] = codec.encode(codec.decode(wire_ref[...], cols) +
-                                local_ref[...].astype(codec.acc))
+    out_ref[...] = _hop_tile(codec, cols, wire_ref[...], local_ref[...])
 
 
 def encode(x, fmt: Format, *, block_cols: int | None = None, interpret=None) -> jax.Array:
@@ -189,3 +200,101 @@ def hop(wire, local, fmt: Format, *, block_cols: int | None = None,
     return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile[1]), tile, m,
                  [wire_spec, values], wire_spec, jax.ShapeDtypeStruct(w.shape, jnp.uint8),
                  interpret, w, local)
+
+
+# ---- the collectives' codec: `all_reduce(..., impl="mosaic")` -------------------------------
+
+
+def message_rows(m: int, fmt: Format) -> int | None:
+    """How the collectives lay a message of `m` values out for the kernels: rows of 128 blocks
+    (whole tiles, 8 rows at a time) when m is a multiple of 8 x 128 blocks, else 8 rows of at
+    most 128 blocks; None when neither fits (the XLA codec then carries that message: the same
+    bytes, since rows laid end to end are the flat message)."""
+    if m % fmt.block_size:
+        return None
+    blocks = m // fmt.block_size
+    if blocks % (TILE_ROWS * TILE_BLOCKS) == 0:
+        return blocks // TILE_BLOCKS
+    if blocks % TILE_ROWS == 0 and blocks <= TILE_ROWS * TILE_BLOCKS:
+        return TILE_ROWS
+    return None
+
+
+class RowCodec:
+    """The Mosaic codec as the collectives' codec (`execute.py`, `impl="mosaic"`).
+
+    It has `wire.Codec`'s interface (`encode`, `decode`, `acc`, `align`) and one more step,
+    `hop(message, local)`: the next message, `encode(decode(message) + local)`, in one kernel
+    pass, so the executor never writes a hop's f32 sum to HBM. A message of values `[..., m]`
+    is `[..., R, bytes]`: R rows (`message_rows`) whose bytes, laid end to end, are
+    `wire.encode`'s, so the same bytes travel as on the XLA path and a message the kernels do
+    not take (`message_rows` None) goes through `wire.Codec` unchanged. Round to nearest only
+    (the kernels have no stochastic rounding); `rules.py` refuses the rest.
+
+    Off a TPU (`interpret=None`) the messages are coded by the kernels' own body
+    (`wire_codec`, the Mosaic form of the codec) as XLA ops on whole messages, the same bytes:
+    TPU interpret mode runs a kernel on every device of a mesh in step, through a barrier,
+    and inside an 8-device `shard_map` on a 2-core CPU it deadlocks once XLA:CPU's threads are
+    all waiting there (jax 0.10.2). `interpret=True` asks for interpret mode anyway.
+    """
+
+    def __init__(self, fmt: Format, dtype, interpret=None):
+        self.xla = Codec(_format(fmt), dtype)
+        self.fmt, self.acc, self.align = fmt, self.xla.acc, self.xla.align
+        self.interpret = interpret
+        # off a TPU (interpret=None): the kernels' body as XLA ops on whole messages
+        self.body = None if interpret is not None or backend.interpret_params() is False \
+            else wire_codec(fmt, dtype)
+
+    def _rows(self, m: int) -> int | None:
+        return message_rows(m, self.fmt) if self.acc == jnp.float32 else None
+
+    def _encode(self, v):
+        return self.body.encode(v) if self.body else encode(v, self.fmt,
+                                                            interpret=self.interpret)
+
+    def _decode(self, w, cols, dtype):
+        if self.body:
+            return wire_codec(self.fmt, jnp.float32).decode(w, cols, dtype)
+        return decode(w, self.fmt, cols, dtype, interpret=self.interpret)
+
+    def _hop(self, w, local):
+        if self.body:
+            return _hop_tile(wire_codec(self.fmt, local.dtype), local.shape[-1], w, local)
+        return hop(w, local, self.fmt, interpret=self.interpret)
+
+    def encode(self, v: jax.Array, key=None) -> jax.Array:
+        """values `[..., m]` -> uint8 `[..., R, bytes]` (`[..., bytes]` where R is None)."""
+        if key is not None:
+            raise ValueError("the Mosaic codec rounds to nearest: stochastic rounding (key=) "
+                             "needs impl='xla'")
+        m, rows = v.shape[-1], self._rows(v.shape[-1])
+        if rows is None:
+            return self.xla.encode(v)
+        w = self._encode(v.reshape(-1, m // rows))
+        return w.reshape(*v.shape[:-1], rows, w.shape[-1])
+
+    def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
+        """uint8 `[..., R, bytes]` or `[..., bytes]` of `m` values a message -> `[..., m]`."""
+        rows = self._rows(m)
+        if rows is None:
+            return self.xla.decode(buf, m, dtype)
+        width = self.fmt.nbytes(m // rows)
+        lead = buf.shape[:-2] if buf.shape[-2:] == (rows, width) else buf.shape[:-1]
+        v = self._decode(buf.reshape(-1, width), m // rows, dtype or self.acc)
+        return v.reshape(*lead, m)
+
+    def fuses(self, m: int) -> bool:
+        """Whether `hop` runs as one kernel on messages of `m` values."""
+        return self._rows(m) is not None
+
+    def hop(self, buf: jax.Array, local: jax.Array) -> jax.Array:
+        """The next message: `encode(decode(buf) + local)`, the sum in f32 with a subnormal
+        local value read as a zero of its sign; `local` `[..., m]` in its own dtype, `buf` its
+        message (any shape of the same bytes). Needs `fuses(m)`."""
+        m = local.shape[-1]
+        rows = self._rows(m)
+        if rows is None:
+            raise ValueError(f"the Mosaic codec's hop does not take messages of {m} values")
+        w = self._hop(buf.reshape(-1, self.fmt.nbytes(m // rows)), local.reshape(-1, m // rows))
+        return w.reshape(*local.shape[:-1], rows, w.shape[-1])

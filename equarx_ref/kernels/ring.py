@@ -77,7 +77,6 @@ so that a piece is at most a few MiB.
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -197,30 +196,6 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *ref
             pl.semaphore_wait(capacity.at[lane], max(plan.messages - slots, 0))
 
 
-def _varying(x: jax.Array) -> frozenset:
-    """Mesh axes over which `x` may differ between devices (shard_map's check_vma types);
-    jax 0.10 keeps them in `manual_axis_type.varying`, earlier versions in `vma`."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)
-    if mat is not None and hasattr(mat, "varying"):
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", ()) or ())
-
-
-def _result_type(shape, dtype, varying: frozenset) -> jax.ShapeDtypeStruct:
-    """The kernel's output type for shard_map's check_vma: varying over `varying` only (jax
-    0.10 says `manual_axis_type`, earlier versions `vma`)."""
-    params = inspect.signature(jax.ShapeDtypeStruct).parameters
-    if "manual_axis_type" in params:
-        from jax.sharding import ManualAxisType
-
-        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(
-            varying=varying))
-    if "vma" in params:
-        return jax.ShapeDtypeStruct(shape, dtype, vma=varying)
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, pieces: list[jax.Array],
           varying: frozenset):
     """The pallas_call, on the pieces of x grouped by size class (`[chunks, count, 1, size]`
@@ -247,7 +222,7 @@ def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, pieces: list[ja
     any_space = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         kernel,
-        out_shape=[_result_type(a.shape, codec.acc, varying) for a in pieces],
+        out_shape=[backend.result_type(a.shape, codec.acc, varying) for a in pieces],
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), *(any_space for _ in pieces)],
         out_specs=[any_space for _ in pieces],
         scratch_shapes=scratch,
@@ -309,6 +284,7 @@ def _ring(x, axis_name, fmt, algorithm, num_chunks, interpret, sabotage):
     by_size = [[j for j, (_, size) in enumerate(plan.pieces) if size == m] for m in plan.sizes]
     pieces = [jnp.stack([chunks[:, plan.pieces[j][0]:sum(plan.pieces[j])] for j in group],
                         axis=1)[:, :, None, :] for group in by_size]  # [chunks, count, 1, size]
-    outs = _call(plan, codec, axis_name, interpret, sabotage, pieces, _varying(x) - {axis_name})
+    outs = _call(plan, codec, axis_name, interpret, sabotage, pieces,
+                 backend.varying(x) - {axis_name})
     out = jnp.concatenate([outs[c][:, i, 0] for c, i in plan.slot_of], axis=1)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

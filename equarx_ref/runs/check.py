@@ -33,8 +33,12 @@ from ..wire import encode, to_bytes
 
 #: The formats checked: the public names, and one each of six-bit MX, odd width, f32 scale.
 CHECK_FORMATS = (*FORMAT_NAMES, "mxfp6_e2m3", "int7/b8", "int8/f32")
-#: The all_reduce cases: (algorithm, format, values per device).
-REDUCE_CASES = (("ring", "int8", 1000), ("one_shot", "int4/b16", 999), ("two_shot", "mxfp8", 999))
+#: The all_reduce cases: (algorithm, format, values per device, impl); "mosaic" codes its
+#: messages with the Mosaic codec's kernels (natively on a TPU), whole rows of blocks on 8
+#: devices.
+REDUCE_CASES = (("ring", "int8", 1000, "xla"), ("one_shot", "int4/b16", 999, "xla"),
+                ("two_shot", "mxfp8", 999, "xla"), ("ring", "int8", 8192, "mosaic"),
+                ("two_shot", "mxfp4", 8192, "mosaic"))
 
 
 #: The key of the stochastic-rounding check.
@@ -143,18 +147,18 @@ def check_all_reduce(devices) -> dict:
     p = len(devices)
     mesh = make_mesh(devices, ("tp",))
     out = {}
-    for algorithm, name, n in REDUCE_CASES:
+    for algorithm, name, n, impl in REDUCE_CASES:
         fmt = Format.parse(name)
         x = np.random.default_rng(n).standard_normal((p, n)).astype(np.float32)
         want = spec.all_reduce(x, make_schedule(algorithm, (p,)), fmt)
-        fn = jax.jit(jax.shard_map(lambda v, fmt=fmt, a=algorithm: all_reduce(
-            v[0], "tp", fmt=fmt, algorithm=a)[None], mesh=mesh, in_specs=P("tp"),
+        fn = jax.jit(jax.shard_map(lambda v, fmt=fmt, a=algorithm, i=impl: all_reduce(
+            v[0], "tp", fmt=fmt, algorithm=a, impl=i)[None], mesh=mesh, in_specs=P("tp"),
             out_specs=P("tp"), check_vma=True))
         rows = np.asarray(fn(jnp.asarray(x)))
         bad = [(d, int(np.flatnonzero(r.view(np.uint32) != want.view(np.uint32))[0]))
                for d, r in enumerate(rows) if not np.array_equal(r.view(np.uint32),
                                                                  want.view(np.uint32))]
-        key = f"{algorithm} {name} p={p}"
+        key = f"{algorithm} {name} p={p}" + (f" ({impl})" if impl != "xla" else "")
         out[key] = None if not bad else {"device": bad[0][0], "index": bad[0][1],
                                          "expected": _plain(want[bad[0][1]:][:1]),
                                          "got": _plain(rows[bad[0][0], bad[0][1]:][:1])}
