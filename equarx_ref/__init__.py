@@ -1,6 +1,6 @@
 """equarx-ref: a reference implementation and course for quantized AllReduce in JAX.
 
-The library you read in an afternoon is ten flat files, about 1,180 lines of code (the contributing
+The library you read in an afternoon is ten flat files, about 1,320 lines of code (the contributing
 page's layout counts them): `formats.py` (what one number costs on the wire), `elements.py` (element
 codes and their packing), `scales.py` (one scale per block, exactly), `quantize.py` (block-wise
 quantization), `wire.py` (the bytes a collective sends: their layout and the codec),

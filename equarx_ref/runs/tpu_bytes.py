@@ -54,15 +54,7 @@ from collections.abc import Callable
 
 from ..formats import Format
 from ..models.hlo_memory import kernel_io, largest_arrays, memory_traffic
-from .bench import (
-    BENCH_FORMATS,
-    PATHS,
-    PROGRAMS,
-    _paths,
-    codec_programs,
-    kernel_programs,
-    plain_program,
-)
+from .bench import BENCH_FORMATS, PATHS, PROGRAMS, codec_programs, kernel_programs, plain_program
 from .tpu_compile import compile_all_reduce, compile_on_chip
 
 __all__ = ["ALGORITHMS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
@@ -142,7 +134,7 @@ def all_reduce_bytes(topology: str, *, mib: float = 16, p: int = 8, algorithms=A
     "bytes_accessed", "fewest_bytes" (4n), "ratio" (to the fewest bytes), "to_psum" (to
     psum's bytes accessed)}; psum first."""
     n = _values(mib)
-    cases = [("xla", "psum", None), *((path, a, f) for path in _paths(paths)
+    cases = [("xla", "psum", None), *((path, a, f) for path in paths
                                       for a in algorithms for f in formats)]
     rows = []
     for path, algorithm, name in cases:
