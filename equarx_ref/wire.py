@@ -19,6 +19,13 @@ back, for rows of whole blocks, with the same numerics (`decode` reads the scale
 from their bytes). `encode_raw` and `decode_raw` do the same for an unquantized message: the raw
 little-endian bits of its dtype, a bitcast (inside a TPU kernel the same bytes through 32-bit
 integer shifts, which Mosaic compiles).
+
+A bf16 or f32 scale becomes its bytes the same way: a bitcast on the XLA route, the 32-bit
+shifts only in the Mosaic form (`mosaic=True`), which refuses bitcasts between widths. The
+shifts are exact everywhere, but XLA:GPU miscompiled them once fused into the rows of a
+format whose block is an odd number of bytes with a two-byte scale (int7/b8: 7 + 2, int3/b8:
+3 + 2): a scale's low byte came out wrong under `jit` (jax 0.11.2 on an H100, 54 of 621
+bytes; `equarx-ref check` showed it), where the bitcast gives the spec's bytes.
 """
 
 from __future__ import annotations
@@ -63,9 +70,13 @@ def _bytes_to_int32(raw: jax.Array) -> jax.Array:
     return out
 
 
-def _scale_to_bytes(stored: jax.Array, fmt: Format) -> jax.Array:
+def _scale_to_bytes(stored: jax.Array, fmt: Format, mosaic: bool = False) -> jax.Array:
+    """Stored scales -> uint8 `[..., scale_bytes]`, little-endian (module essay: a bitcast,
+    32-bit shifts in the Mosaic form)."""
     if fmt.scale_dtype == "e8m0":
         return stored[..., None]
+    if not mosaic:
+        return lax.bitcast_convert_type(stored, jnp.uint8)  # [..., scale_bytes]
     return _int32_to_bytes(_bits32(stored), fmt.scale_bytes)  # [..., scale_bytes]
 
 
@@ -91,11 +102,11 @@ def _scale_f32_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def to_bytes(q: Quantized) -> jax.Array:
+def to_bytes(q: Quantized, *, mosaic: bool = False) -> jax.Array:
     """One uint8 buffer, block after block: its payload bytes, then its scale bytes (leading
-    batch axes kept)."""
+    batch axes kept; `mosaic=True` inside a TPU kernel: 32-bit integer operations only)."""
     lead = q.payload.shape[:-2]
-    rows = jnp.concatenate([q.payload, _scale_to_bytes(q.scales, q.fmt)], axis=-1)
+    rows = jnp.concatenate([q.payload, _scale_to_bytes(q.scales, q.fmt, mosaic)], axis=-1)
     return rows.reshape(*lead, -1)  # [..., blocks, bytes_per_block] -> [..., nbytes]
 
 
@@ -111,11 +122,12 @@ def from_bytes(buf: jax.Array, fmt: Format, shape: tuple[int, ...], dtype="float
     return Quantized(payload, scales, tuple(shape), jnp.dtype(dtype).name, fmt)
 
 
-def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> jax.Array:
+def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None,
+           mosaic: bool = False) -> jax.Array:
     """Quantize rows `[..., n]` (n a multiple of the block) straight to wire bytes `[..., nbytes]`.
 
     The collectives' hot path: same numerics as `quantize` (`key`: stochastic rounding),
-    keeping leading axes.
+    keeping leading axes (`mosaic=True` inside a TPU kernel: 32-bit integer operations only).
     """
     *lead, n = x.shape
     if n % fmt.block_size:
@@ -123,7 +135,7 @@ def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> jax.Ar
                          f"block_size {fmt.block_size} (quantize pads; encode does not)")
     xb = x.astype(jnp.float32).reshape(*lead, n // fmt.block_size, fmt.block_size)
     payload, stored = quantize_blocks(xb, fmt, key)
-    return to_bytes(Quantized(payload, stored, (n,), "float32", fmt))
+    return to_bytes(Quantized(payload, stored, (n,), "float32", fmt), mosaic=mosaic)
 
 
 def decode(buf: jax.Array, fmt: Format, n: int, *, mosaic: bool = False) -> jax.Array:
@@ -195,7 +207,7 @@ class Codec:
 
     def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
         if self.fmt is not None:
-            return encode(v, self.fmt, key=key)
+            return encode(v, self.fmt, key=key, mosaic=self.mosaic)
         return encode_raw(v, self.dtype, mosaic=self.mosaic)
 
     def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:

@@ -62,6 +62,19 @@ def test_demo_json(tmp_path, capsys):
     assert "bidir_ring" in table and "1.88x" in table
 
 
+def _default():
+    """The default backend's first device: where `bench` and `check` run (CPU here, the GPU
+    or TPU where there is one)."""
+    return jax.devices()[0]  # default backend on purpose
+
+
+def _chip() -> str:
+    """How `check`'s verdict names the default device ("CPU" on a CPU-only machine)."""
+    from equarx_ref.cli.check import chip_name
+
+    return chip_name(_default().device_kind, _default().platform)
+
+
 def test_bench(capsys, tmp_path):
     """`bench` prints and stores every program's row (timings are shown, never asserted: a
     benchmark, not a test of speed), with the fewest bytes of each program exact, and the
@@ -75,7 +88,7 @@ def test_bench(capsys, tmp_path):
     table = capsys.readouterr().out
     assert "int8" in table and "mxfp4" in table and "x + 1" in table and "of copy" in table
     result = json.loads(out.read_text())
-    assert result["device"] and result["platform"] == "cpu"
+    assert result["device"] and result["platform"] == _default().platform
     n = 1 << 19  # 1 MiB of bf16
     plain, plain32, *codec = result["codec"]
     assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32)] == [
@@ -167,13 +180,13 @@ def test_version_prefers_the_installed_metadata(monkeypatch):
 
 
 def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
-    """`equarx-ref check` on this CPU: every format and data class, and the all_reduce cases,
-    bitwise the spec; one table, one verdict, status 0."""
+    """`equarx-ref check` on this machine's default device: every format and data class, and
+    the all_reduce cases, bitwise the spec; one table, one verdict, status 0."""
     out = tmp_path / "check.json"
     assert cli.main(["check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "bitwise equal to the spec on CPU: 9 formats, 12 data classes; the Mosaic codec's " \
-        "kernels 8 formats; all_reduce 5 cases" in text, text
+    assert f"bitwise equal to the spec on {_chip()}: 9 formats, 12 data classes; the Mosaic " \
+        "codec's kernels 8 formats; all_reduce 5 cases" in text, text
     result = json.loads(out.read_text())
     assert result["equal"] is True
     assert result["all_reduce"]["ring int8 p=8 (mosaic)"] is None
@@ -193,7 +206,7 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     monkeypatch.setattr(check, "_codec", functools.cache(check._codec.__wrapped__))
     assert cli.main(["check"]) == 1
     text = capsys.readouterr().out
-    assert "NOT bitwise equal to the spec on CPU" in text, text
+    assert f"NOT bitwise equal to the spec on {_chip()}" in text, text
     assert "first difference: int8, gaussian, by to_bytes(quantize(x))" in text, text
     lines = {line.split(":")[0].strip(): line for line in text.splitlines()}
     assert lines["block"].endswith(" 0")

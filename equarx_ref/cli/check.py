@@ -11,6 +11,13 @@ from . import COMMANDS
 from .options import table, writable, write_json
 
 
+def chip_name(kind: str, platform: str) -> str:
+    """How the verdict names a device: "CPU", "TPU v5 lite", "GPU (NVIDIA H100 80GB HBM3)"."""
+    if kind.lower() == platform:
+        return platform.upper()
+    return kind if kind.lower().startswith(platform) else f"{platform.upper()} ({kind})"
+
+
 def add_check(sub) -> None:
     p = sub.add_parser("check", help=COMMANDS["check"][0],
                        description="Quantize the spec's data classes with every check format "
@@ -64,9 +71,7 @@ def cmd_check(args) -> int:
             first = (f"all_reduce {case}", diff)
     print(table(["format", "classes bitwise equal", "differing"], rows), file=out)
     n_classes = len(next(iter(result["formats"].values())))
-    kind, platform = result["device"], result["platform"]
-    chip = platform.upper() if kind.lower() == platform else \
-        kind if kind.lower().startswith(platform) else f"{platform.upper()} ({kind})"
+    chip = chip_name(result["device"], result["platform"])
     if first is None:
         print(f"bitwise equal to the spec on {chip}: {len(result['formats'])} formats, "
               f"{n_classes} data classes; the Mosaic codec's kernels "
