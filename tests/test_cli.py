@@ -126,6 +126,11 @@ def test_bench_times_the_mosaic_codec_where_asked():
         assert by["pallas", g]["seconds"] > 0
     with pytest.raises(ValueError, match=r"unknown codec paths \['mosaic'\]"):
         bench.codec_throughput(1, formats=("int8",), paths=("mosaic",))
+    from equarx_ref.runs import tpu_bytes  # refused before anything compiles: no libtpu needed
+
+    for measure in (tpu_bytes.codec_bytes, tpu_bytes.all_reduce_bytes):
+        with pytest.raises(ValueError, match=r"unknown codec paths \['mosaic'\]"):
+            measure("v5e:2x4", mib=1 / 4, paths=("mosaic",))
 
 def test_draw_schedule():
     ax = draw_schedule(eq.ring_schedule(4))

@@ -49,9 +49,9 @@ from ..quantize import dequantize, quantize
 from ..wire import Codec
 from .timing import medians, time_calls
 
-__all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_programs",
-           "codec_throughput", "kernel_programs", "plain_program", "quantizer_throughput",
-           "throughput"]
+__all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_paths",
+           "codec_programs", "codec_throughput", "kernel_programs", "plain_program",
+           "quantizer_throughput", "throughput"]
 
 #: The formats whose encode, decode and hop `equarx-ref bench` times (and `tpu_bytes` compiles).
 BENCH_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4")
@@ -124,6 +124,16 @@ def _values(mib: int) -> int:
     return count(mib, "mib") << 19
 
 
+def codec_paths(paths) -> tuple[str, ...]:
+    """`paths` as a tuple, each one of `PATHS` (else one ValueError naming the unknown ones);
+    what `codec_throughput` and `tpu_bytes` take."""
+    paths = (paths,) if isinstance(paths, str) else tuple(paths)
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        raise ValueError(f"unknown codec paths {unknown}: choose from {PATHS}")
+    return paths
+
+
 def _paths(paths) -> tuple[str, ...]:
     """The codec paths to time: both on a TPU, where the Pallas kernels run natively; the XLA
     path elsewhere (TPU interpret mode would time an emulator)."""
@@ -131,10 +141,7 @@ def _paths(paths) -> tuple[str, ...]:
         from ..kernels.backend import on_tpu  # Pallas loads only here
 
         return PATHS if on_tpu() else ("xla",)
-    unknown = [p for p in paths if p not in PATHS]
-    if unknown:
-        raise ValueError(f"unknown codec paths {unknown}: choose from {PATHS}")
-    return tuple(paths)
+    return codec_paths(paths)
 
 
 def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
