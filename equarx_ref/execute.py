@@ -172,7 +172,7 @@ class _Held:
                 return codec.hop(held.message, local)
         # the kernels take the values as they are held (their quantizer reads a subnormal
         # as a zero of its sign itself): no f32 copy of an input chunk
-        values = self.raw(chunks_of) if hasattr(codec, "hop") and flat else self.rows(chunks_of)
+        values = self.raw(chunks_of) if codec.reads_raw and flat else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
 
     def settle(self, values: jax.Array) -> jax.Array:
@@ -206,7 +206,7 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             count = len(step.transfers[0].chunks)
             buf = held.send(by_src.__getitem__, codec, key, flat=True)
             buf = lax.ppermute(buf, group, [(t.src, t.dst) for t in step.transfers])
-            if hasattr(codec, "hop") and codec.fuses(count * m):  # the sum stays lazy
+            if codec.fuses(count * m):  # the sum stays lazy
                 held.store(_Sum(buf, held.raw(by_dst.__getitem__), codec), by_dst.__getitem__)
             else:
                 got = codec.decode(buf, count * m).reshape(count, m)

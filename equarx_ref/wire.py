@@ -218,3 +218,12 @@ class Codec:
 
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)
+
+    #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
+    #: the Mosaic codec (`kernels.codec.RowCodec`) takes the input's own dtype instead.
+    reads_raw = False
+
+    def fuses(self, m: int) -> bool:
+        """Whether this codec has a one-pass hop for messages of `m` values: never (the
+        executor decodes and adds; `kernels.codec.RowCodec.hop` is one)."""
+        return False

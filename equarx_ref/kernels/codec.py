@@ -284,6 +284,10 @@ class RowCodec:
         v = self._decode(buf.reshape(-1, width), m // rows, dtype or self.acc)
         return v.reshape(*lead, m)
 
+    #: `encode` takes a flat message in the input's own dtype: a kernel reads bf16 from HBM,
+    #: half an f32 copy's bytes (`execute.py`).
+    reads_raw = True
+
     def fuses(self, m: int) -> bool:
         """Whether `hop` runs as one kernel on messages of `m` values."""
         return self._rows(m) is not None
