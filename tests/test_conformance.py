@@ -187,12 +187,6 @@ def test_mosaic_codec_kernels_give_the_spec_bytes(name):
                 f"Mosaic codec hop {name}")
 
 
-if __name__ == "__main__":  # rewrite the golden digests from the spec as it is now
-    GOLDEN.write_text(json.dumps({f"{n}|{c}": _digest(n, c) for n in FORMATS for c in CLASSES},
-                                 indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"wrote {GOLDEN}: {len(FORMATS) * len(CLASSES)} digests")
-
-
 @pytest.mark.parametrize("name", ("int7/b8", "int3/b8", "int8", "int8/f32"))
 def test_the_xla_route_writes_a_scale_by_a_bitcast(name):
     """wire.py's essay: on the XLA route a bf16 or f32 scale becomes its bytes by one bitcast to
@@ -211,3 +205,9 @@ def test_the_xla_route_writes_a_scale_by_a_bitcast(name):
     assert cast.invars[0].aval.dtype == jnp.dtype(fmt.scale_dtype)
     assert cast.outvars[0].aval.shape == (4, fmt.scale_bytes)
     assert to_bytes_casts(True) == []
+
+
+if __name__ == "__main__":  # rewrite the golden digests from the spec as it is now
+    GOLDEN.write_text(json.dumps({f"{n}|{c}": _digest(n, c) for n in FORMATS for c in CLASSES},
+                                 indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {GOLDEN}: {len(FORMATS) * len(CLASSES)} digests")
