@@ -57,7 +57,7 @@ UNIT=(tests/test_quantize.py tests/test_reference.py tests/test_float_env.py
       tests/test_counting.py tests/test_cost.py tests/test_cli.py tests/test_gemma.py
       tests/test_kernels.py tests/test_arguments.py tests/test_racelog.py
       tests/test_device_agnostic.py tests/test_autodiff.py tests/test_jax_private.py
-      tests/test_mosaic.py)
+      tests/test_mosaic.py tests/test_gpu_codec.py)
 spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')   # e.g. jax>=0.10.0,<0.13
 oldest=$(echo "$spec" | sed -n 's/^jax>=\([0-9.]*\).*/\1/p')
 [ -n "$oldest" ] || { echo "tests/run.sh: no 'jax>=X' lower bound in pyproject.toml" >&2; exit 1; }

@@ -191,9 +191,10 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     assert cli.main(["check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"bitwise equal to the spec on {_chip()}: 9 formats, 12 data classes; the Mosaic " \
-        "codec's kernels 8 formats; all_reduce 5 cases" in text, text
+        "codec's kernels 8 formats, the GPU codec's 5; all_reduce 5 cases" in text, text
     result = json.loads(out.read_text())
     assert result["equal"] is True
+    assert result["gpu_kernels"]["mxfp8"] == dict.fromkeys(result["formats"]["mxfp8"])
     assert result["all_reduce"]["ring int8 p=8 (mosaic)"] is None
 
 
@@ -245,6 +246,21 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     assert cli.main(["check"]) == 1
     text = capsys.readouterr().out
     assert "first difference: kernels int8, " in text and "by kernels.codec.decode" in text, text
+
+
+def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
+    """The GPU codec's kernels are checked too (interpreted here, native on a GPU): with one
+    bit of the encode kernel's payload flipped, the check fails and names the kernel."""
+    from equarx_ref.kernels import gpu
+
+    def flipped(fmt, x_ref, out_ref):
+        payload, stored = gpu.quantize_blocks(x_ref[...].astype(jnp.float32), fmt, None)
+        gpu._store_wire(fmt, out_ref, payload ^ 1, stored)
+
+    monkeypatch.setattr(gpu, "_encode_body", flipped)
+    assert cli.main(["check"]) == 1
+    text = capsys.readouterr().out
+    assert "first difference: gpu kernels int8, gaussian, by kernels.gpu.encode" in text, text
 
 
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):

@@ -24,7 +24,8 @@ def add_check(sub) -> None:
                        "on this machine's default device (jit), by to_bytes(quantize(x)), by "
                        "the collectives' encode and with stochastic rounding (the spec given the "
                        "same uniforms), encode and decode them with the Mosaic codec's kernels "
-                       "(native on a TPU, interpret mode elsewhere), and run a small "
+                       "(native on a TPU, interpret mode elsewhere) and the GPU codec's "
+                       "(native on a GPU, interpreted elsewhere), and run a small "
                        "all_reduce per algorithm; "
                        "compare every byte and value with the NumPy spec (equarx_ref.spec). "
                        "Exit status 1 on a difference, showing the first differing block.")
@@ -59,12 +60,13 @@ def cmd_check(args) -> int:
                      ", ".join(bad) or "-"])
         if bad and first is None:
             first = (f"{name}, {bad[0]}", classes[bad[0]])
-    for name, classes in result["kernels"].items():
-        bad = [c for c, d in classes.items() if d is not None]
-        rows.append([f"kernels {name}", f"{len(classes) - len(bad)} of {len(classes)}",
-                     ", ".join(bad) or "-"])
-        if bad and first is None:
-            first = (f"kernels {name}, {bad[0]}", classes[bad[0]])
+    for part, label in (("kernels", "kernels"), ("gpu_kernels", "gpu kernels")):
+        for name, classes in result[part].items():
+            bad = [c for c, d in classes.items() if d is not None]
+            rows.append([f"{label} {name}", f"{len(classes) - len(bad)} of {len(classes)}",
+                         ", ".join(bad) or "-"])
+            if bad and first is None:
+                first = (f"{label} {name}, {bad[0]}", classes[bad[0]])
     for case, diff in result["all_reduce"].items():
         rows.append([f"all_reduce {case}", "equal" if diff is None else "DIFFERS", "-"])
         if diff is not None and first is None:
@@ -75,7 +77,8 @@ def cmd_check(args) -> int:
     if first is None:
         print(f"bitwise equal to the spec on {chip}: {len(result['formats'])} formats, "
               f"{n_classes} data classes; the Mosaic codec's kernels "
-              f"{len(result['kernels'])} formats; all_reduce {len(result['all_reduce'])} cases on "
+              f"{len(result['kernels'])} formats, the GPU codec's "
+              f"{len(result['gpu_kernels'])}; all_reduce {len(result['all_reduce'])} cases on "
               f"{result['reduce_devices']}", file=out)
     else:
         print(f"NOT bitwise equal to the spec on {chip}", file=out)

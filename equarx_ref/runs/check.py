@@ -8,7 +8,8 @@ same uniforms: jax's PRNG draws the same bits on every backend); the bytes, and 
 dequantized values, must be the spec's to the bit (a non-finite block's scale bytes excepted:
 any NaN or infinity). The Mosaic codec's kernels (`kernels.codec`: natively on a TPU, in TPU
 interpret mode elsewhere) encode and decode the same classes, a row each, for every check
-format they compile for. Then a small `all_reduce` on
+format they compile for, and so do the GPU codec's (`kernels.gpu`: natively on a GPU,
+interpreted elsewhere) for the whole-byte formats they code. Then a small `all_reduce` on
 the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
 the first differing block: its values, the expected and the received bytes.
 """
@@ -111,11 +112,13 @@ def check_format(name: str) -> dict:
     return out
 
 
-def check_kernels(name: str) -> dict:
-    """The Mosaic codec's encode and decode kernels on one message of `name`, a row per data
-    class (zero rows to a multiple of 8): {class: None when bitwise the spec, else what
-    differs first}."""
-    from ..kernels import codec
+def check_kernels(name: str, family: str = "mosaic") -> dict:
+    """The encode and decode kernels of the Mosaic codec (`family="mosaic"`) or the GPU codec
+    ("gpu") on one message of `name`, a row per data class (zero rows to a multiple of 8):
+    {class: None when bitwise the spec, else what differs first}."""
+    from ..kernels import codec, gpu
+
+    kernels = {"mosaic": codec, "gpu": gpu}[family]
 
     fmt = Format.parse(name)
     xs = [spec.to_blocks(data.make(cls, fmt), fmt.block_size).ravel() for cls in data.CLASSES]
@@ -125,19 +128,18 @@ def check_kernels(name: str) -> dict:
         rows[i, :x.size] = x
     qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in rows]
     want = np.stack([spec.wire_bytes(q) for q in qs])
-    got = np.asarray(jax.jit(functools.partial(codec.encode, fmt=fmt))(jnp.asarray(rows)))
-    values = np.asarray(jax.jit(functools.partial(codec.decode, fmt=fmt, m=m))(
-        jnp.asarray(want)))
+    got = np.asarray(jax.jit(functools.partial(kernels.encode, fmt=fmt))(jnp.asarray(rows)))
+    values = np.asarray(jax.jit(lambda w: kernels.decode(w, fmt, m))(jnp.asarray(want)))
     out = {}
     for i, cls in enumerate(data.CLASSES):
         fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
         finite = np.repeat(qs[i].finite, fmt.block_size)
         if not np.array_equal(got[i][fixed], want[i][fixed]):
-            out[cls] = {"path": "kernels.codec.encode",
+            out[cls] = {"path": f"{kernels.__name__.removeprefix('equarx_ref.')}.encode",
                         **_first_block(fmt, rows[i], want[i], got[i], fixed)}
         else:
             out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
-                                      "kernels.codec.decode")
+                                      f"{kernels.__name__.removeprefix('equarx_ref.')}.decode")
     return out
 
 
@@ -167,17 +169,21 @@ def check_all_reduce(devices) -> dict:
 
 def check(devices, formats=CHECK_FORMATS) -> dict:
     """The whole check: {"device", "platform", "formats": {name: {class: None | diff}},
-    "kernels": the same for the Mosaic codec, "all_reduce": {case: None | diff}, "equal"}."""
+    "kernels": the same for the Mosaic codec, "gpu_kernels" for the GPU codec, "all_reduce":
+    {case: None | diff}, "equal"}."""
     from ..kernels.codec import FORMATS as KERNEL_FORMATS
+    from ..kernels.gpu import FORMATS as GPU_FORMATS
 
     dev = jax.devices()[0]
     result = {"device": dev.device_kind, "platform": dev.platform,
               "formats": {name: check_format(name) for name in formats},
               "kernels": {name: check_kernels(name) for name in formats
                           if name in KERNEL_FORMATS},
+              "gpu_kernels": {name: check_kernels(name, "gpu") for name in formats
+                              if name in GPU_FORMATS},
               "all_reduce": check_all_reduce(devices),
               "reduce_devices": f"{len(devices)} {devices[0].platform} devices"}
-    result["equal"] = all(v is None for part in ("formats", "kernels")
+    result["equal"] = all(v is None for part in ("formats", "kernels", "gpu_kernels")
                           for f in result[part].values() for v in f.values()) \
         and all(v is None for v in result["all_reduce"].values())
     return result
