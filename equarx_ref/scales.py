@@ -202,19 +202,25 @@ def block_scales(amax: jax.Array,
     return s, s.astype(jnp.float32), None
 
 
-def apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
-    """values * scale in f32, saturated to f32's finite range (a finite block stays finite).
-
-    E8M0 scales are applied as two exact powers of two. Saturation only matters for a block
-    near f32's maximum, whose largest element can round to a grid value just past it; the
-    saturated value is still within half a step of the input. Non-finite blocks stay NaN.
-    """
+def scaled(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
+    """values * scale in f32, unsaturated: E8M0 scales applied as two exact powers of two, a
+    non-finite block (E8M0 code 255) NaN."""
     if fmt.scale_dtype == "e8m0":
         k = stored.astype(jnp.int32) - E8M0_BIAS
         half = k // 2
         out = values * pow2(half)[..., None] * pow2(k - half)[..., None]
-        out = jnp.where((stored == 255)[..., None], jnp.nan, out)
-    else:
-        out = values * stored.astype(jnp.float32)[..., None]
+        return jnp.where((stored == 255)[..., None], jnp.nan, out)
+    return values * stored.astype(jnp.float32)[..., None]
+
+
+def apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
+    """values * scale in f32 (`scaled`), saturated to f32's finite range (a finite block stays
+    finite).
+
+    Saturation only matters for a block near f32's maximum, whose largest element can round to
+    a grid value just past it; the saturated value is still within half a step of the input.
+    Non-finite blocks stay NaN (a clip keeps a NaN under XLA; the GPU codec, whose Triton min
+    and max would drop it, saturates by comparisons: kernels/gpu.py).
+    """
     big = np.finfo(np.float32).max
-    return jnp.clip(out, -big, big)
+    return jnp.clip(scaled(values, stored, fmt), -big, big)

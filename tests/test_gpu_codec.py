@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
+from jax.extend import core as jex_core
 
 import equarx_ref as eq
 from equarx_ref import spec, wire
@@ -147,3 +149,97 @@ def test_gpu_codec_lowers_to_triton(name, monkeypatch):
             pytest.skip(f"jax {jax.__version__} lowers Pallas for GPUs only with jaxlib's CUDA "
                         "plugin (CI's newest-jax tier lowers it)")
         assert "triton" in text
+
+
+# ---- Triton's float semantics, emulated on the CPU ----------------------------------------
+#
+# jax lowers three lax operations to Triton differently from XLA: `neg` as 0 - x (the negation
+# of +-0 is +0), `max` and `min` as `maxnumf` and `minnumf` (a NaN operand is dropped), and the
+# codec adds `round` (`gpu._round_half_even`). The H100 found the first two in the codec's rule
+# (a decoded -0 came back +0, a non-finite block's NaN saturated to 3.4e38); this evaluates
+# what the kernels compute with those semantics, so CI holds them to it without a GPU.
+
+
+def _fmax(x, y):
+    return jnp.where(jnp.isnan(x), y, jnp.where(jnp.isnan(y), x, lax.max(x, y)))
+
+
+def _fmin(x, y):
+    return jnp.where(jnp.isnan(x), y, jnp.where(jnp.isnan(y), x, lax.min(x, y)))
+
+
+def _float(x):
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+TRITON = {
+    lax.neg_p: lambda x: jnp.zeros_like(x) - x if _float(x) else lax.neg(x),
+    lax.max_p: lambda x, y: _fmax(x, y) if _float(x) else lax.max(x, y),
+    lax.min_p: lambda x, y: _fmin(x, y) if _float(x) else lax.min(x, y),
+    lax.clamp_p: lambda lo, x, hi: _fmin(_fmax(lo, x), hi) if _float(x) else lax.clamp(lo, x, hi),
+    lax.round_p: lambda x, rounding_method: gpu._round_half_even(x),
+}
+
+
+def _eval_as_triton(jaxpr, consts, *args):
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+    for v, val in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = val
+    for v, val in zip(jaxpr.invars, args, strict=True):
+        env[v] = val
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if eqn.primitive in TRITON:
+            outs = [TRITON[eqn.primitive](*invals, **eqn.params)]
+        elif inner is not None:  # jit, custom_jvp: their bodies under the same semantics
+            closed = inner if hasattr(inner, "consts") else jex_core.ClosedJaxpr(inner, ())
+            outs = _eval_as_triton(closed.jaxpr, closed.consts, *invals)
+        else:
+            outs = eqn.primitive.bind(*invals, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, val in zip(eqn.outvars, outs, strict=True):
+            env[v] = val
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _as_triton(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    return _eval_as_triton(closed.jaxpr, closed.consts, *args)[0]
+
+
+def test_the_emulation_is_tritons():
+    """The emulated semantics are the ones described, and XLA's differ (else this proves
+    nothing): -0 negates to +0, a NaN drops out of max and min."""
+    z, nan = jnp.float32(0.0), jnp.float32(np.nan)
+    assert not jnp.signbit(_as_triton(lambda v: -v, z)) and jnp.signbit(-z)
+    assert _as_triton(lambda a, b: jnp.maximum(a, b), nan, z) == 0 and jnp.isnan(
+        jnp.maximum(nan, z))
+    assert _as_triton(lambda a: jnp.clip(a, -1.0, 1.0), nan) == -1 or \
+        _as_triton(lambda a: jnp.clip(a, -1.0, 1.0), nan) == 1
+
+
+@pytest.mark.parametrize("name", gpu.FORMATS)
+def test_the_rule_gives_the_spec_bytes_under_tritons_semantics(name):
+    """What the GPU codec's kernels compute (`quantize_blocks` and the wire's bytes; the decode
+    body, `_decode_values`; a hop is one after the other) evaluated with Triton's negation,
+    max, min and the added round: the spec's bytes and values, every data class."""
+    fmt = eq.Format.parse(name)
+    x = _rows(name)
+    m = x.shape[1]
+    values, want, fixed = _spec_rows(fmt, x)
+    _same_bytes(_as_triton(lambda v: wire.encode(v, fmt), jnp.asarray(x)), want, fixed,
+                f"encode {name} as Triton computes")
+    pb = fmt.payload_bytes_per_block
+
+    def decode(w):  # the decode kernel's body on every row's blocks
+        rows = w.reshape(-1, fmt.bytes_per_block)
+        cols = [rows[:, pb + i] for i in range(fmt.scale_bytes)]
+        return gpu._decode_values(fmt, rows[:, :pb], cols).reshape(w.shape[0], m)
+
+    _same_values(_as_triton(decode, jnp.asarray(want)), values,
+                 f"decode {name} as Triton computes")
