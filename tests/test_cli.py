@@ -131,6 +131,21 @@ def test_bench_times_the_mosaic_codec_where_asked():
     for measure in (tpu_bytes.codec_bytes, tpu_bytes.all_reduce_bytes):
         with pytest.raises(ValueError, match=r"unknown codec paths \['mosaic'\]"):
             measure("v5e:2x4", mib=1 / 4, paths=("mosaic",))
+        with pytest.raises(ValueError, match=r"unknown codec paths \['gpu'\]"):
+            measure("v5e:2x4", mib=1 / 4, paths=("gpu",))
+
+
+def test_bench_times_the_gpu_codec_where_asked():
+    """On a GPU `bench` times the GPU codec's kernels beside the XLA path; asked for them
+    here, it interprets them (wiring, not a timing): rows labelled "gpu" with the XLA path's
+    fewest bytes, for the whole-byte formats only (int4 has none)."""
+    from equarx_ref.runs import bench
+
+    rows = bench.codec_throughput(1, formats=("int8", "int4"), repeats=1, paths=("xla", "gpu"))
+    by = {(r["path"], r["program"], r["format"]): r for r in rows if r["program"] != "x + 1"}
+    assert {k for k in by if k[0] == "gpu"} == {("gpu", g, "int8") for g in bench.PROGRAMS}
+    for g in bench.PROGRAMS:
+        assert by["gpu", g, "int8"]["fewest_bytes"] == by["xla", g, "int8"]["fewest_bytes"]
 
 def test_draw_schedule():
     ax = draw_schedule(eq.ring_schedule(4))

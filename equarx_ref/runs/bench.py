@@ -50,7 +50,7 @@ from ..wire import Codec
 from .timing import medians, time_calls
 
 __all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_paths",
-           "codec_programs", "codec_throughput", "kernel_programs", "plain_program",
+           "codec_programs", "codec_throughput", "gpu_programs", "kernel_programs", "plain_program",
            "quantizer_throughput", "throughput"]
 
 #: The formats whose encode, decode and hop `equarx-ref bench` times (and `tpu_bytes` compiles).
@@ -61,8 +61,9 @@ QDQ_FORMATS = (*BENCH_FORMATS, "int8/f32", "int4/f32", "int4/b16", "fp8_e5m2", "
                "fp8_e4m3/f32")
 #: The codec programs, in table order.
 PROGRAMS = ("encode", "decode", "hop")
-#: The codec's two paths: XLA's fusions of `wire.Codec`, the Mosaic codec's Pallas kernels.
-PATHS = ("xla", "pallas")
+#: The codec's paths: XLA's fusions of `wire.Codec`, the Mosaic codec's Pallas kernels (TPU),
+#: the GPU codec's Pallas kernels (Triton; the whole-byte formats it codes).
+PATHS = ("xla", "pallas", "gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,28 +120,54 @@ def kernel_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Progra
     }
 
 
+def gpu_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
+    """encode, decode and hop of `fmt` over n bf16 values as the GPU codec's Pallas kernels
+    (`kernels.gpu`; `interpret` as theirs, False: compiled by Triton): the flat message and
+    the fewest bytes of `codec_programs`."""
+    from ..kernels import gpu  # Pallas loads only here
+
+    name, nbytes = str(fmt), fmt.nbytes(n)
+    wire, values = ("uint8", (nbytes,)), ("bfloat16", (n,))
+    return {
+        "encode": Program("encode", name, lambda x: gpu.encode(x, fmt, interpret=interpret),
+                          (values,), 2 * n + nbytes),
+        "decode": Program("decode", name, lambda w: gpu.decode(
+            w, fmt, n, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
+        "hop": Program("hop", name, lambda w, x: gpu.hop(w, x, fmt, interpret=interpret),
+                       (wire, values), 2 * nbytes + 2 * n),
+    }
+
+
+def _gpu_codes(fmt: Format) -> bool:
+    from ..kernels.gpu import supports  # Pallas loads only here
+
+    return supports(fmt) is None
+
+
 def _values(mib: int) -> int:
     """Values of bf16 in `mib` MiB (a multiple of every block size)."""
     return count(mib, "mib") << 19
 
 
-def codec_paths(paths) -> tuple[str, ...]:
-    """`paths` as a tuple, each one of `PATHS` (else one ValueError naming the unknown ones);
-    what `codec_throughput` and `tpu_bytes` take."""
+def codec_paths(paths, known=PATHS) -> tuple[str, ...]:
+    """`paths` as a tuple, each one of `known` (else one ValueError naming the unknown ones);
+    what `codec_throughput` and `tpu_bytes` (the TPU's two) take."""
     paths = (paths,) if isinstance(paths, str) else tuple(paths)
-    unknown = [p for p in paths if p not in PATHS]
+    unknown = [p for p in paths if p not in known]
     if unknown:
-        raise ValueError(f"unknown codec paths {unknown}: choose from {PATHS}")
+        raise ValueError(f"unknown codec paths {unknown}: choose from {known}")
     return paths
 
 
 def _paths(paths) -> tuple[str, ...]:
-    """The codec paths to time: both on a TPU, where the Pallas kernels run natively; the XLA
-    path elsewhere (TPU interpret mode would time an emulator)."""
+    """The codec paths to time: the XLA path, and the Pallas kernels where they run natively,
+    the Mosaic codec's on a TPU and the GPU codec's on a GPU (an interpreter's time says
+    nothing of a chip)."""
     if paths is None:
         from ..kernels.backend import on_tpu  # Pallas loads only here
 
-        return PATHS if on_tpu() else ("xla",)
+        native = "pallas" if on_tpu() else "gpu" if jax.default_backend() == "gpu" else None
+        return ("xla", native) if native else ("xla",)
     return codec_paths(paths)
 
 
@@ -148,9 +175,10 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
                      paths=None) -> list[dict]:
     """encode, decode and hop of each format on `mib` MiB of bf16 against `x + 1` on it, all
     in one round-robin (`time_calls`) on the default device; `paths`: the XLA path's codec
-    and, on a TPU (None), the Mosaic codec's kernels too (`kernel_programs`).
+    and, on a TPU (None), the Mosaic codec's kernels too (`kernel_programs`), on a GPU the GPU
+    codec's (`gpu_programs`, for the formats it codes).
 
-    Returns one row per program: {"path" ("xla" or "pallas"), "program", "format" (for x + 1:
+    Returns one row per program: {"path" ("xla", "pallas" or "gpu"), "program", "format" (for x + 1:
     its dtype), "mib", "n", "seconds" (median), "fewest_bytes", "gbps" (fewest bytes / seconds
     / 1e9), "of_copy" (gbps over "copy_gbps", the faster x + 1's)}; the two `x + 1` rows (bf16,
     f32) first.
@@ -162,8 +190,11 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
              "x + 1 f32": (jax.jit(progs[1][1].fn), (x[: n // 2].astype(jnp.float32),))}
     for path in _paths(paths):
         make = {"xla": codec_programs,
-                "pallas": functools.partial(kernel_programs, interpret=None)}[path]
+                "pallas": functools.partial(kernel_programs, interpret=None),
+                "gpu": functools.partial(gpu_programs, interpret=None)}[path]
         for name in formats:
+            if path == "gpu" and not _gpu_codes(Format.parse(name)):
+                continue  # the GPU codec codes whole-byte formats only
             by_name = make(Format.parse(name), n)
             values = x.reshape(by_name["encode"].args[0][1])  # flat, or the kernels' rows
             wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(values))  # real messages

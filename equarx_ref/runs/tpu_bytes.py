@@ -56,7 +56,6 @@ from ..formats import Format
 from ..models.hlo_memory import kernel_io, largest_arrays, memory_traffic
 from .bench import (
     BENCH_FORMATS,
-    PATHS,
     PROGRAMS,
     codec_paths,
     codec_programs,
@@ -65,7 +64,10 @@ from .bench import (
 )
 from .tpu_compile import compile_all_reduce, compile_on_chip
 
-__all__ = ["ALGORITHMS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
+#: The codec paths XLA:TPU compiles: the XLA path and the Mosaic codec's kernels.
+PATHS = ("xla", "pallas")
+
+__all__ = ["ALGORITHMS", "PATHS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
            "format_byte_ratios"]
 
 #: The AllReduce schedules compared with `lax.psum`.
@@ -112,7 +114,7 @@ def codec_bytes(topology: str, *, mib: float = 16, formats=BENCH_FORMATS, paths=
     each path, on one chip of `topology`, `mib` MiB of bf16. One row each: {"topology",
     "path" ("xla" or "pallas"), "program", "format" ("bfloat16" for x + 1), "mib", "n",
     "bytes_accessed", "fewest_bytes", "ratio"}; a Pallas row's ratio is of its "counted"."""
-    n, paths = _values(mib), codec_paths(paths)
+    n, paths = _values(mib), codec_paths(paths, PATHS)
     progs = [("xla", plain_program(n))]
     for path in paths:
         make = {"xla": codec_programs, "pallas": kernel_programs}[path]
@@ -141,7 +143,7 @@ def all_reduce_bytes(topology: str, *, mib: float = 16, p: int = 8, algorithms=A
     each: {"topology", "path", "algorithm", "format" ("bfloat16" for psum), "mib", "n", "p",
     "bytes_accessed", "fewest_bytes" (4n), "ratio" (to the fewest bytes), "to_psum" (to
     psum's bytes accessed)}; psum first."""
-    n, paths = _values(mib), codec_paths(paths)
+    n, paths = _values(mib), codec_paths(paths, PATHS)
     cases = [("xla", "psum", None), *((path, a, f) for path in paths
                                       for a in algorithms for f in formats)]
     rows = []
