@@ -9,7 +9,8 @@ elsewhere in TPU interpret mode on CPU devices, with the race detector on (`back
 `plan.py` is the ring's static plan (plain data: pieces, slots, each step's program);
 `timeline.py` lays it out in time under assumed durations (plain Python, drawn by
 `viz.draw_kernel_timeline`). The harness that checks the kernels against `impl="xla"` and
-times them is `runs/kernel_checks.py`.
+times them is `runs/kernel_checks.py`. `gpu.py` is the GPU codec, the same encode, decode and
+hop as Pallas kernels for Triton (imported on its own: `from equarx_ref.kernels import gpu`).
 """
 
 from . import codec
