@@ -93,8 +93,13 @@ def test_bench(capsys, tmp_path):
     plain, plain32, *codec = result["codec"]
     assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32)] == [
         ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n)]
+    # the XLA path, then the kernels native to the chip: the Mosaic codec's on a TPU, the GPU
+    # codec's (whole-byte formats) on a GPU, none on a CPU
+    native = {"tpu": ("pallas", BENCH_FORMATS), "gpu": ("gpu", [
+        f for f in BENCH_FORMATS if eq.Format.parse(f).elem_bits == 8])}.get(_default().platform)
+    paths = [("xla", BENCH_FORMATS), *([native] if native else [])]
     assert [(r["path"], r["program"], r["format"]) for r in codec] == [
-        ("xla", p, str(eq.Format.parse(f))) for f in BENCH_FORMATS for p in PROGRAMS]
+        (path, p, str(eq.Format.parse(f))) for path, fs in paths for f in fs for p in PROGRAMS]
     for r in result["codec"]:
         wire = 0 if r["program"] == "x + 1" else eq.Format.parse(r["format"]).nbytes(n)
         assert r["fewest_bytes"] == {"x + 1": 4 * n, "encode": 2 * n + wire,
