@@ -96,6 +96,10 @@ def test_round_half_even_is_jnp_round():
     got = np.asarray(jax.jit(gpu._round_half_even)(jnp.asarray(x)))
     assert np.array_equal(got.view(np.uint32), np.round(x).view(np.uint32))
     assert np.isnan(gpu._round_half_even(jnp.float32(np.nan)))
+    # lax.round's default, ties away from zero, is the rule's other method
+    away = np.asarray(jax.jit(lambda v: gpu._round_half_even(v, ties_to_even=False))(x))
+    want = np.asarray(lax.round(jnp.asarray(x), lax.RoundingMethod.AWAY_FROM_ZERO))
+    assert np.array_equal(away.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("name, why", [("int4", "whole-byte elements, not 4-bit"),

@@ -23,8 +23,8 @@ power-of-two block size, and a row of 34 bytes is written as its payload `[tile,
 column per scale byte. The formats are those whose elements are whole bytes (`FORMATS`): their
 codes are the payload bytes. Two of jax's lowering rules for Triton are missing for what the
 rule uses, so `_lowering_rules` adds them, only where jax has none (`_jax_private.py` lists the
-names): `round` (nearest, ties to even, from `floor` and exact comparisons: for |x| < 2^23,
-|x| + 1/2 is exact in f32) and a `stack` of one array (an added axis).
+names): `round` (nearest, from `floor`: for |x| < 2^23 the fraction |x| - floor(|x|) is exact
+and decides) and a `stack` of one array (an added axis).
 
 Triton's float semantics differ from XLA's in two ways the rule met, both found on an H100
 (tests/test_gpu_codec.py evaluates the kernels' bodies with Triton's semantics on the CPU, so
@@ -98,14 +98,16 @@ def _format(fmt) -> Format:
 # ---- two lowering rules jax's Triton backend lacks -------------------------------------------
 
 
-def _round_half_even(x: jax.Array) -> jax.Array:
-    """round(x), ties to even, from floor: for |x| < 2^23, |x| + 1/2 is exact, so
-    floor(|x| + 1/2) is the nearest integer with ties up, and a tie that lands odd steps back;
-    x's sign bit goes back on by an OR (-0.4 rounds to -0; Triton's negation, 0 - x, would
-    give +0); larger |x| (and inf, NaN) are integers already."""
+def _round_half_even(x: jax.Array, *, ties_to_even: bool = True) -> jax.Array:
+    """round(x), ties to even (or away from zero), exactly, from floor: for |x| < 2^23 the
+    fraction |x| - floor(|x|) is exact and decides, a tie moving up away from zero, or to
+    even; x's sign bit goes back on by an OR (-0.4 rounds to -0; Triton's negation, 0 - x,
+    would give +0); larger |x| (and inf, NaN) are integers already."""
     a = jnp.abs(x)
-    r = jnp.floor(a + 0.5)
-    r = jnp.where((r - a == 0.5) & (jnp.floor(r * 0.5) * 2 != r), r - 1, r)
+    n = jnp.floor(a)
+    f = a - n  # exact
+    odd = jnp.floor(n * 0.5) * 2 != n
+    r = jnp.where((f > 0.5) | ((f == 0.5) & (odd | (not ties_to_even))), n + 1, n)
     sign = lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-2**31)
     r = lax.bitcast_convert_type(lax.bitcast_convert_type(r, jnp.int32) | sign, jnp.float32)
     return jnp.where(a < 2.0**23, r, x)
@@ -119,8 +121,9 @@ def _lowering_rules() -> None:
     if rules is None or lower_fun is None:
         return
     if lax.round_p not in rules:
-        rules[lax.round_p] = lower_fun(lambda x, rounding_method: _round_half_even(x),
-                                       multiple_results=False)
+        rules[lax.round_p] = lower_fun(lambda x, rounding_method: _round_half_even(
+            x, ties_to_even=rounding_method == lax.RoundingMethod.TO_NEAREST_EVEN),
+            multiple_results=False)
     stack_p = jax.make_jaxpr(lambda x: jnp.stack([x]))(1.0).eqns[0].primitive  # jnp.stack's
     stack = rules.get(stack_p) if stack_p.name == "stack" else None
     if stack is not None and not getattr(stack, "_one_array", False):
