@@ -20,20 +20,26 @@ it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 A backend codec may fuse a hop (`kernels.codec.RowCodec`, `impl="mosaic"`): then a permute
 step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk), and the
 step that sends exactly that sum onwards hands both to the codec's `hop`, decode, add and
-encode in one pass, so the f32 partial sum never goes to memory. Anything else that reads a
-pending sum computes it there, the same additions as the XLA codec's path.
+encode in one pass, so the f32 partial sum never goes to memory. Two-shot's all-to-all keeps
+its p messages pending the same way, and the gather's encode of their sum is the codec's
+`reduce`. Anything else that reads a pending sum computes it there, the same additions as the
+XLA codec's path.
 
 Layout (`schedule.layout`): the flattened input is zero-padded to the schedule's chunks, cut at
 block boundaries. With `num_chunks=k` (ring family) each chunk is cut into k pieces and the
 schedule runs on every piece: piece j's hop s depends only on piece j's hop s-1, so quantizing
 piece j+1, sending piece j and accumulating piece j-1 are independent operations a compiler may
 overlap (a software pipeline). Blocks never straddle pieces, so the result is bitwise that of
-k = 1 and the bytes are the same.
+k = 1 and the bytes are the same. For a codec whose kernels read values as rows of 128
+(`dense`), the chunks are held as `[chunks, L / 128, 128]`, the view a TPU keeps a flat array
+in, so that no relayout of the input or of the result goes through HBM; everywhere else as
+`[chunks, L]` (the same program as before that view existed, on XLA:CPU and on the XLA path).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +101,15 @@ def _table(values) -> jax.Array:
     return jnp.asarray(values, jnp.int32)
 
 
+def _lanes(values: jax.Array, codec) -> jax.Array:
+    """Decoded rows `[..., m]` as rows of 128 values, `[..., m / 128, 128]`, for a codec whose
+    kernels write that view (`dense`): summed in it, the rows never take XLA:TPU's (8, 128)
+    tiling across messages, a relayout in HBM."""
+    m = values.shape[-1]
+    return values.reshape(*values.shape[:-1], m // 128, 128) if codec.dense and m % 128 == 0 \
+        else values
+
+
 def _rank_order_sum(parts: jax.Array, exact_zero=lambda v: v) -> jax.Array:
     """parts[0] + parts[1] + ... in rank order: the same additions on every device (each
     partial sum passed through `exact_zero`: `_Held.settle`)."""
@@ -105,12 +120,14 @@ def _rank_order_sum(parts: jax.Array, exact_zero=lambda v: v) -> jax.Array:
 
 
 class _Sum:
-    """A hop's partial sum not computed yet: decode(message) + local, in f32. The codec's fused
-    hop (`RowCodec.hop`) sends it onwards in one pass when the next step sends exactly it;
-    anything else reads its values (`_Held.rows`)."""
+    """A partial sum not computed yet, in f32: a ring hop's decode(message) + local, or, with
+    no local, two-shot's p received messages `[p, ...]` decoded and added in rank order. The
+    codec's fused step (`RowCodec.hop`, `RowCodec.reduce`) sends it onwards in one pass when
+    the next step sends exactly it; anything else reads its values (`_Held.rows`)."""
 
-    def __init__(self, message: jax.Array, local: jax.Array, codec):
+    def __init__(self, message: jax.Array, local: jax.Array | None, codec):
         self.message, self.local, self.codec = message, local, codec
+        self.count = 1 if local is None else local.shape[0]  # chunks
 
 
 class _Held:
@@ -126,7 +143,9 @@ class _Held:
 
     def __init__(self, sched: Schedule, x: jax.Array, acc, me, quantized: bool):
         self.p, self.me, self.acc, self.quantized = sched.p, me, acc, quantized
-        self.sources: list[jax.Array] = [x]  # source 0: the input rows [chunks, m]
+        # source 0: the input rows [chunks, m], or [chunks, m / 128, 128] (`run_schedule`)
+        self.sources: list[jax.Array] = [x]
+        self.m = math.prod(x.shape[1:])
         self.where = [[(0, c) for c in range(sched.chunk_count)] for _ in range(self.p)]
 
     def rows(self, chunks_of) -> jax.Array:
@@ -146,13 +165,17 @@ class _Held:
             if any(w[i][0] != src for w in wanted):
                 raise ValueError("the schedule reads different sources on different devices")
             parts.append([src, [w[i][1] for w in wanted], 1])
-        out = [lax.dynamic_slice_in_dim(self._values(src), _table(first)[self.me], size)
+        out = [lax.dynamic_slice_in_dim(self._values(src), _table(first)[self.me],
+                                        size).reshape(size, self.m)
                for src, first, size in parts]
         return out[0] if len(out) == 1 else jnp.concatenate(out)
 
     def _values(self, src: int) -> jax.Array:
         held = self.sources[src]
-        if isinstance(held, _Sum):  # computed where it is read, once
+        if isinstance(held, _Sum) and held.local is None:  # computed where it is read, once
+            got = _lanes(held.codec.decode(held.message, self.m), held.codec)
+            held = self.sources[src] = _rank_order_sum(got, self.settle)[None]
+        elif isinstance(held, _Sum):
             count, m = held.local.shape
             got = held.codec.decode(held.message, count * m).reshape(count, m)
             held = self.sources[src] = got + self.settle(held.local.astype(self.acc))
@@ -160,20 +183,41 @@ class _Held:
 
     def send(self, chunks_of, codec, key, *, flat: bool = False) -> jax.Array:
         """The message of this device's chunks `chunks_of(d)` ([chunks, m] values, or flat):
-        encoded, or, where they are exactly one hop's pending sum that `codec` fuses, that
-        hop in one pass (`RowCodec.hop`): its f32 sum never leaves the core."""
+        encoded, or, where they are exactly pending sums that `codec` fuses, one after another,
+        each hop in one pass (`RowCodec.hop`): their f32 sums never leave the core."""
         wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
-        src = wanted[0][0][0] if wanted[0] else None
-        held = self.sources[src] if src is not None else None
-        if isinstance(held, _Sum) and held.codec is codec and key is None and \
-                all(w == [(src, j) for j in range(held.local.shape[0])] for w in wanted):
-            local = held.local.reshape(-1) if flat else held.local
-            if codec.fuses(local.shape[-1]):
-                return codec.hop(held.message, local)
+        sums = self._pending(wanted, codec) if key is None else None
+        if sums and (len(sums) == 1 or not flat) and \
+                all(codec.fuses(held.count * self.m if flat else self.m) for held in sums):
+            out = [self._fused(held, flat) for held in sums]
+            return out[0] if len(out) == 1 else jnp.concatenate(out)
         # the kernels take the values as they are held (their quantizer reads a subnormal
         # as a zero of its sign itself): no f32 copy of an input chunk
-        values = self.raw(chunks_of) if codec.reads_raw and flat else self.rows(chunks_of)
+        values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
+
+    def _fused(self, held: _Sum, flat: bool) -> jax.Array:
+        """The message of a pending sum, by the codec's one-pass step."""
+        if held.local is None:  # two-shot: p messages in, their sum's message out
+            message = held.codec.reduce(held.message, self.m)
+            return message if flat else message[None]
+        return held.codec.hop(held.message, held.local.reshape(-1) if flat else held.local)
+
+    def _pending(self, wanted, codec) -> list[_Sum] | None:
+        """The pending sums of `codec` that `wanted` reads whole, one after another (on every
+        device alike), or None."""
+        sums, i = [], 0
+        while i < len(wanted[0]):
+            src = wanted[0][i][0]
+            held = self.sources[src]
+            if not isinstance(held, _Sum) or held.codec is not codec:
+                return None
+            whole = [(src, j) for j in range(held.count)]
+            if any(w[i:i + len(whole)] != whole for w in wanted):
+                return None
+            sums.append(held)
+            i += len(whole)
+        return sums or None
 
     def settle(self, values: jax.Array) -> jax.Array:
         """A quantized schedule adds f32 values whose subnormals read as zeros of their sign
@@ -195,7 +239,7 @@ class _Held:
 
 def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
     """Run the reduce steps: afterwards each owner holds its chunks' sums."""
-    m = held.sources[0].shape[1]
+    m = held.m
     everything = lambda d: range(sched.chunk_count)  # noqa: E731
     group = axes if len(axes) > 1 else axes[0]
     for step in (s for s in sched.steps if s.phase == "reduce"):
@@ -212,13 +256,14 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
                 got = codec.decode(buf, count * m).reshape(count, m)
                 held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
-            got = codec.decode(lax.all_to_all(held.send(everything, codec, key), group, 0, 0), m)
-            held.store(_rank_order_sum(got, held.settle)[None], lambda d: (d,))
+            got = lax.all_to_all(held.send(everything, codec, key), group, 0, 0)
+            held.store(_Sum(got, None, codec), lambda d: (d,))  # pending: summed where read
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
             got = typed_all_gather(held.send(everything, codec, key), axes[step.axis],
                                    wire.mesh_axes, axis=0)
             # the same sums on every device
-            held.store(_rank_order_sum(codec.decode(got, m), held.settle), everything)
+            held.store(_rank_order_sum(_lanes(codec.decode(got, m), codec), held.settle),
+                       everything)
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
 
@@ -227,7 +272,7 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax
     """Owners encode their chunks once; all-gathers (in schedule order) bring them to all,
     decoded into `dtype` (the result's, unless a remedy still works on the sums): one pass
     from the bytes to the result, no f32 copy of the whole message in between."""
-    p, m = sched.p, held.sources[0].shape[1]
+    p, m = sched.p, held.m
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
     k = len(owned[0])
     codec = wire.codec(None)
@@ -264,17 +309,23 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
         flat = jnp.pad(flat, (0, sched.chunk_count * length - n))
     if rotate:  # once, at the input: the schedule then sums rotated blocks
         flat = rotate_blocks(flat, fmt.block_size)
-    chunks = flat.reshape(sched.chunk_count, length)  # [chunks, L]
+    chunks, unit = flat.reshape(sched.chunk_count, length), 1  # [chunks, L]
+    if wire.default.dense and all(v % 128 == 0 for piece in pieces for v in piece):
+        # rows of 128 values, the view a TPU holds a flat array in, whose tiles the Mosaic
+        # codec's kernels read as they are (kernels/codec.py `_dense`); [chunks, L] would be
+        # tiled across chunks: a relayout of the whole input in HBM
+        chunks, unit = flat.reshape(sched.chunk_count, length // 128, 128), 128
     gathers = any(step.phase == "gather" for step in sched.steps)
     parts = []
     for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops
         wire.piece = j
-        held = _Held(sched, chunks[:, start:start + size], wire.default.acc, me,
-                     fmt is not None)
+        held = _Held(sched, chunks[:, start // unit:(start + size) // unit],
+                     wire.default.acc, me, fmt is not None)
         _reduce_phase(sched, held, wire, axes)
-        parts.append(_gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
-                                   x.dtype) if gathers else held.sources[-1])
-    out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+        part = _gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
+                             x.dtype) if gathers else held.sources[-1]
+        parts.append(part if unit == 1 else part.reshape(part.shape[0], -1, unit))
+    out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]  # as `chunks`
     if rotate:  # once, at the end, on the same decoded values on every device
         out = inverse_rotate(out.reshape(-1), fmt.block_size)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

@@ -222,6 +222,9 @@ class Codec:
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
     #: the Mosaic codec (`kernels.codec.RowCodec`) takes the input's own dtype instead.
     reads_raw = False
+    #: Whether the executor holds the input as rows of 128 values (`execute.run_schedule`):
+    #: the Mosaic codec's kernels read that view; this codec takes any.
+    dense = False
 
     def fuses(self, m: int) -> bool:
         """Whether this codec has a one-pass hop for messages of `m` values: never (the

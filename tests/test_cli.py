@@ -248,8 +248,8 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     flipped, or the decode kernel's values negated, the check fails and names the kernel."""
     from equarx_ref.kernels import codec
 
-    def flipped(codec_, x_ref, out_ref):
-        buf = codec_.encode(x_ref[...])
+    def flipped(codec_, tile, x_ref, out_ref):
+        buf = codec_.encode(x_ref[...].reshape(tile))
         out_ref[...] = buf.at[..., 3].set(buf[..., 3] ^ 1)
 
     monkeypatch.setattr(codec, "_encode_body", flipped)
@@ -259,8 +259,8 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     assert any(ln.split()[:5] == ["kernels", "int8", "0", "of", "12"] for ln in text.splitlines())
     monkeypatch.undo()
 
-    def negated(codec_, cols, dtype, wire_ref, out_ref):  # -0.0 for +0.0 too: bits, not ==
-        out_ref[...] = -codec_.decode(wire_ref[...], cols, dtype)
+    def negated(codec_, tile, dtype, wire_ref, out_ref):  # -0.0 for +0.0 too: bits, not ==
+        out_ref[...] = -codec_.decode(wire_ref[...], tile[1], dtype).reshape(out_ref.shape)
 
     monkeypatch.setattr(codec, "_decode_body", negated)
     assert cli.main(["check"]) == 1

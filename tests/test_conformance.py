@@ -19,6 +19,7 @@ outliers, ...), made the same on every machine. The spec's own bytes are held to
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import jax
@@ -154,16 +155,21 @@ GPU_MISCOMPILE = pytest.mark.xfail(jax.default_backend() == "gpu", strict=False,
 
 @pytest.mark.parametrize("name", ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4", "int8/f32",
                                   pytest.param("int7/b8", marks=GPU_MISCOMPILE)))
-def test_mosaic_codec_kernels_give_the_spec_bytes(name):
+@pytest.mark.parametrize("dense", [False, True], ids=["rows", "dense"])
+def test_mosaic_codec_kernels_give_the_spec_bytes(name, dense):
     """`kernels.codec` (interpret mode) on a message with one row per data class (and zero rows
     to a multiple of 8): encode gives
     the spec's bytes, decode the spec's values, and a hop (the rows' message plus the classes
-    one row down, in f32) the spec's bytes of that sum."""
+    one row down, in f32) the spec's bytes of that sum. `dense`: rows padded with zeros to a
+    multiple of 512 values, so that a tile of 8 rows travels lane-dense (`codec._dense`)."""
     from equarx_ref.kernels import codec
 
     fmt = eq.Format.parse(name)
     rows = [_spec(name, cls)[1] for cls in CLASSES]
     m = max(r.size for r in rows)
+    if dense:
+        m = -(-m // math.lcm(512, fmt.block_size)) * math.lcm(512, fmt.block_size)
+    assert codec._dense((8, m), m) == dense, m
     x = np.zeros((-(-len(rows) // 8) * 8, m), np.float32)  # whole groups of 8 rows
     for i, r in enumerate(rows):
         x[i, :r.size] = r
@@ -185,6 +191,40 @@ def test_mosaic_codec_kernels_give_the_spec_bytes(name):
     _, want, fixed = spec_rows(total)
     _same_bytes(codec.hop(jnp.asarray(expected), jnp.asarray(local), fmt), want, fixed,
                 f"Mosaic codec hop {name}")
+
+
+@pytest.mark.parametrize("name", ("int8", "int4", "mxfp4", "fp8_e4m3"))
+def test_mosaic_codec_reduce_gives_the_spec_bytes(name):
+    """`kernels.codec.reduce` (interpret mode), two-shot's reduce step: three messages, decoded
+    and added in rank order, each partial sum's subnormals read as zeros of their sign, give
+    the spec's bytes of that sum. The messages: the data classes' rows, each a rotation of the
+    last, and two rows where the order and the flush decide (a large value plus two ones; a
+    partial sum that cancels to a subnormal before a third value joins it); 8 rows of 512
+    values, so that the tiles travel lane-dense too."""
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.parse(name)
+    x = np.zeros((3, 8, 512), np.float32)
+    for i, r in enumerate([_spec(name, cls)[1] for cls in CLASSES][:6]):
+        for shift in range(3):
+            x[shift, (i + shift) % 6, :min(r.size, 512)] = r[:512]
+    x[:, 6] = np.array([3 * 2.0 ** 23, 1, 1], np.float32)[:, None]  # order: ties to even twice
+    tiny = 127 * 2.0 ** -126  # the smallest block of 127s an int8 block scale reaches
+    x[:, 7] = np.array([tiny * (1 + 2 ** -7), -tiny, tiny], np.float32)[:, None]  # sums to a
+    # subnormal, then joins the third
+    messages, values = [], []
+    for rows in x:
+        qs = [spec.quantize_blocks(spec.to_blocks(v, fmt.block_size), fmt) for v in rows]
+        messages.append(np.stack([spec.wire_bytes(q) for q in qs]))
+        values.append(np.stack([q.values.reshape(-1) for q in qs]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = values[0]
+        for v in values[1:]:
+            total = _flush((total + v).astype(np.float32))
+    qs = [spec.quantize_blocks(spec.to_blocks(v, fmt.block_size), fmt) for v in total]
+    _same_bytes(codec.reduce(jnp.asarray(np.stack(messages)), fmt, 512),
+                np.stack([spec.wire_bytes(q) for q in qs]),
+                np.stack([spec.fixed_bytes(q) for q in qs]), f"Mosaic codec reduce {name}")
 
 
 @pytest.mark.parametrize("name", ("int7/b8", "int3/b8", "int8", "int8/f32"))

@@ -88,6 +88,11 @@ def test_mosaic_codec_tiles_the_message(name):
     assert back.dtype == jnp.bfloat16
     assert np.array_equal(back, decode(wire, fmt, m).astype(jnp.bfloat16))
     assert np.array_equal(codec.hop(wire, local, fmt), kernels.hop_reference(wire, local, fmt))
+    # one tile a row: the values travel lane-dense, f32 through the kernels' bitcast route
+    dense_wire, dense_x = wire.reshape(32, -1), x.reshape(32, m // 2).astype(jnp.float32)
+    assert codec._dense((8, m // 2), m // 2)
+    assert np.array_equal(codec.encode(dense_x, fmt), dense_wire)
+    assert np.array_equal(codec.decode(dense_wire, fmt, m // 2), decode(dense_wire, fmt, m // 2))
 
 
 @pytest.mark.parametrize("rows, m, want", [(16, 2 * 4096, (2, 2)), (4, 96, (1, 1)),
@@ -119,6 +124,8 @@ def test_mosaic_codec_refuses_bad_shapes():
         codec.decode(jnp.zeros((8, 10), jnp.uint8), fmt, 32)
     with pytest.raises(ValueError, match=r"wire must be uint8 \[4, 34\]"):
         codec.hop(jnp.zeros((8, 34), jnp.uint8), jnp.ones((4, 32)), fmt)
+    with pytest.raises(ValueError, match=r"wire must be uint8 \[p, rows, 34\]"):
+        codec.reduce(jnp.zeros((8, 34), jnp.uint8), fmt, 32)
     with pytest.raises(TypeError, match="Format"):
         codec.encode(jnp.ones((8, 32)), "int8")
 

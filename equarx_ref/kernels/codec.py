@@ -11,11 +11,14 @@ rows: each grid step DMAs one tile from HBM into VMEM, codes it there with the p
 codec (`wire_codec`, `wire.encode` and `wire.decode` in their Mosaic form, the same body the
 fused hop and the ring kernel run) and DMAs the result tile back. The grid visits every tile of
 every operand and result once, so what the kernel moves through HBM is its operands and results,
-once each: the fewest bytes.
+once each: the fewest bytes. Each kernel declares that figure as its cost (`pl.CostEstimate`),
+which XLA:TPU's count and `hlo_memory.kernel_io` take for it.
 
     encode  values [rows, m]                  -> wire bytes [rows, fmt.nbytes(m)]
     decode  wire bytes [rows, fmt.nbytes(m)]  -> values [rows, m]
     hop     (wire bytes, local values)        -> wire bytes: encode(decode(wire) + local), f32 sum
+    reduce  p messages [p, rows, nbytes(m)]   -> the message of their sum, added in rank order
+                                                 (two-shot's reduce step), f32 sum
 
 The bytes are the wire's (`spec.wire_bytes`): a row holds whole blocks, block after block, so
 the rows laid end to end are the flat message `wire.encode` writes, bit for bit (tests/
@@ -29,21 +32,34 @@ the tile: 32 rows of 128 int8 blocks passed v5e's default 16 MiB of scoped VMEM,
 MX tile of 8 rows did too, so the kernels may use 64 MiB (`VMEM_LIMIT`, half of v5e's and
 v6e's VMEM; libtpu 0.0.42.1).
 
+Values travel lane-dense (`_dense`). XLA:TPU holds a flat array in tiles of 1024 values, 8 rows
+of 128; a values operand `[rows, m]` is tiled (8, 128) across rows instead, and reaching it
+from a flat chunk is a relayout through HBM, every value read and written once more, at every
+call. So where a tile is whole rows filling whole tiles, the kernel takes the values as rows of
+128, a bitcast of the flat array, and reshapes the tile into the message's rows in VMEM (an f32
+tile through its int32 bits, `_reshaped`, where Mosaic would fold two reshapes into one it
+cannot lay out). With the executor holding its input the same way (`RowCodec.dense`), that
+cut `all_reduce(impl="mosaic")`'s int8 ring from 6.8x psum's bytes to 3.8x (libtpu 0.0.42.1,
+v5e, 1/4 MiB), and two-shot from 13.7x to 2.7x with its reduce step as one kernel.
+
 What this does not claim: the kernels compile for v5e and v6e (libtpu, from this CPU machine;
 `equarx-ref kernels --compile`, family "codec": the `FORMATS` below, not the bit-packed odd
 widths, whose packing Mosaic refuses as an unsupported shape cast), and their HBM bytes are the
 fewest, but no TPU has run them here, so nothing says the vector work inside keeps up with HBM.
 The ring kernel (`ring.py`) still calls the codec on whole rows. The collectives run on these
 kernels with `all_reduce(impl="mosaic")`: `RowCodec` below is the executor's codec then, each
-message a few rows of whole blocks (`message_rows`) and each hop one `hop` call.
+message a few rows of whole blocks (`message_rows`), each hop one `hop` call and two-shot's
+reduce step one `reduce` call.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -55,7 +71,7 @@ from . import backend
 from .hop import wire_codec
 
 __all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "RowCodec", "decode", "encode",
-           "grid", "hop", "message_rows"]
+           "grid", "hop", "message_rows", "reduce"]
 
 #: A tile: TILE_ROWS rows of TILE_BLOCKS blocks (fewer where the message has fewer).
 TILE_ROWS, TILE_BLOCKS = 8, 128
@@ -98,27 +114,60 @@ def grid(rows: int, m: int, fmt: Format, *, block_cols: int | None = None) -> tu
     return rows // tile[0], m // tile[1]
 
 
-def _call(body, tile, m: int, in_specs, out_spec, out_shape, interpret, *operands):
-    """The kernel over groups of `tile[0]` rows (a leading axis) and tiles along the row;
-    operands and result `[rows, ...]`, viewed as `[groups, tile[0], ...]`."""
-    rows = operands[0].shape[0]
-    groups = rows // tile[0]
-    grouped = [op.reshape(groups, tile[0], op.shape[1]) for op in operands]
-    varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
-    out = pl.pallas_call(
-        body, grid=(groups, m // tile[1]), in_specs=in_specs, out_specs=out_spec,
-        out_shape=backend.result_type((groups, tile[0], out_shape.shape[1]), out_shape.dtype,
-                                      varying),
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
-        interpret=backend.interpret_params(interpret))(*grouped)
-    return out.reshape(out_shape.shape)
-
-
-def _specs(fmt: Format, tile: tuple[int, int]):
-    """BlockSpecs of a values tile and of its wire bytes, at grid step (group g, tile j)."""
+def _dense(tile: tuple[int, int], m: int) -> bool:
+    """Whether a tile's values travel lane-dense: a tile of whole rows whose values fill whole
+    (32, 128) tiles when read as rows of 128. Then the values go to the kernel as that view,
+    `[values / 128, 128]`, which is how XLA:TPU already holds a flat array (its 1-D tiles are
+    1024 values, 8 rows of 128), so the view is a bitcast; the kernel reshapes the tile into the
+    message's rows in VMEM. Values taken as `[rows, m]` instead are tiled (8, 128) across rows,
+    which XLA:TPU reaches from a flat chunk only by a relayout in HBM: one read and one write of
+    every value, each time a collective hands a kernel a chunk."""
     rows, cols = tile
-    return (pl.BlockSpec((None, rows, cols), lambda g, j: (g, 0, j)),
-            pl.BlockSpec((None, rows, fmt.nbytes(cols)), lambda g, j: (g, 0, j)))
+    return cols == m and (rows * cols) % (32 * 128) == 0
+
+
+def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype, interpret,
+          *operands):
+    """The kernel over groups of `tile[0]` rows (a leading axis) and tiles along the row.
+    `kinds` names each operand ("v": values `[rows, m]`, "w": wire bytes `[rows, nbytes(m)]`,
+    "p": p such messages `[p, rows, nbytes(m)]`) and `out_kind` the result; values travel
+    lane-dense where `_dense` says so, and a body reshapes a values tile to `tile` itself. The
+    kernel declares what its grid moves, each block once, as its cost (`pl.CostEstimate`):
+    XLA:TPU's count takes that figure for the kernel, and so does `hlo_memory.kernel_io`."""
+    rows, cols = tile
+    groups = operands[0].shape[-2] // rows
+    dense = _dense(tile, m)
+
+    def shaped(kind):  # an operand's (shape, block shape, index map), grouped
+        if kind == "p":  # p messages, one after another: [p, rows, nbytes(m)]
+            p = operands[0].shape[0]
+            return ((p, groups, rows, fmt.nbytes(m)), (p, None, rows, fmt.nbytes(cols)),
+                    lambda g, j: (0, g, 0, j))
+        if kind == "w":
+            return ((groups, rows, fmt.nbytes(m)), (None, rows, fmt.nbytes(cols)),
+                    lambda g, j: (g, 0, j))
+        if dense:
+            return ((groups, rows * m // 128, 128), (None, rows * cols // 128, 128),
+                    lambda g, j: (g, 0, 0))
+        return (groups, rows, m), (None, rows, cols), lambda g, j: (g, 0, j)
+
+    grouped = [op.reshape(shaped(kind)[0]) for kind, op in zip(kinds, operands, strict=True)]
+    varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
+    out_shape, *out_spec = shaped(out_kind)
+    block_bytes = [math.prod(filter(None, shaped(kind)[1])) * jnp.dtype(dtype).itemsize
+                   for kind, dtype in
+                   (*zip(kinds, (op.dtype for op in operands), strict=True),
+                    (out_kind, out_dtype))]
+    out = pl.pallas_call(
+        body, grid=(groups, m // cols),
+        in_specs=[pl.BlockSpec(*shaped(kind)[1:]) for kind in kinds],
+        out_specs=pl.BlockSpec(*out_spec),
+        out_shape=backend.result_type(out_shape, out_dtype, varying),
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0,
+                                      bytes_accessed=groups * (m // cols) * sum(block_bytes)),
+        interpret=backend.interpret_params(interpret))(*grouped)
+    return out.reshape(groups * rows, -1)
 
 
 def _values(x, name: str) -> jax.Array:
@@ -145,16 +194,42 @@ def _hop_tile(codec, cols: int, wire, local):
     return codec.encode(codec.decode(wire, cols) + local)
 
 
-def _encode_body(codec, x_ref, out_ref):
-    out_ref[...] = codec.encode(x_ref[...])
+def _reshaped(values: jax.Array, shape) -> jax.Array:
+    """`values.reshape(shape)` inside a kernel. An f32 tile goes through its int32 bits: Mosaic
+    (libtpu 0.0.42.1) folds the codec's own reshape between rows and blocks, `[rows, cols]` <->
+    `[rows, blocks, block]`, and this one into a single shape cast between
+    `[rows * cols / 128, 128]` and `[rows, blocks, block]` that it cannot lay out, and a
+    bitcast between them keeps the two apart (a bf16 tile has its `astype` there)."""
+    if values.shape == tuple(shape) or values.dtype != jnp.float32:
+        return values.reshape(shape)
+    bits = lax.bitcast_convert_type(values, jnp.int32).reshape(shape)
+    return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _decode_body(codec, cols, dtype, wire_ref, out_ref):
-    out_ref[...] = codec.decode(wire_ref[...], cols, dtype)
+def _encode_body(codec, tile, x_ref, out_ref):
+    out_ref[...] = codec.encode(_reshaped(x_ref[...], tile))
 
 
-def _hop_body(codec, cols, wire_ref, local_ref, out_ref):
-    out_ref[...] = _hop_tile(codec, cols, wire_ref[...], local_ref[...])
+def _decode_body(codec, tile, dtype, wire_ref, out_ref):
+    out_ref[...] = _reshaped(codec.decode(wire_ref[...], tile[1], dtype), out_ref.shape)
+
+
+def _hop_body(codec, tile, wire_ref, local_ref, out_ref):
+    out_ref[...] = _hop_tile(codec, tile[1], wire_ref[...], _reshaped(local_ref[...], tile))
+
+
+def _reduce_tile(codec, cols: int, messages):
+    """Two-shot's reduce on one tile: p messages in, added in rank order in f32 (each partial
+    sum's subnormals read as zeros of their sign; a decoded value is never subnormal), the
+    sum's message out."""
+    total = codec.decode(messages[0], cols)
+    for message in messages[1:]:
+        total = zero_subnormals(total + codec.decode(message, cols))
+    return codec.encode(total)
+
+
+def _reduce_body(codec, tile, wire_ref, out_ref):
+    out_ref[...] = _reduce_tile(codec, tile[1], [wire_ref[r] for r in range(wire_ref.shape[0])])
 
 
 def encode(x, fmt: Format, *, block_cols: int | None = None, interpret=None) -> jax.Array:
@@ -165,9 +240,8 @@ def encode(x, fmt: Format, *, block_cols: int | None = None, interpret=None) -> 
     fmt, x = _format(fmt), _values(x, "x")
     rows, m = x.shape
     tile = _tile(rows, m, fmt, block_cols)
-    values, wire = _specs(fmt, tile)
-    return _call(functools.partial(_encode_body, wire_codec(fmt, x.dtype)), tile, m, [values],
-                 wire, jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8), interpret, x)
+    return _call(functools.partial(_encode_body, wire_codec(fmt, x.dtype), tile), fmt, tile, m,
+                 "v", "w", jnp.uint8, interpret, x)
 
 
 def decode(wire, fmt: Format, m: int, dtype="float32", *, block_cols: int | None = None,
@@ -181,10 +255,9 @@ def decode(wire, fmt: Format, m: int, dtype="float32", *, block_cols: int | None
     rows = w.shape[0]
     tile = _tile(rows, m, fmt, block_cols)
     w = _wire(w, fmt, rows, m, f"{m} values of {fmt} a row")
-    values, wire_spec = _specs(fmt, tile)
     codec = wire_codec(fmt, jnp.float32)
-    return _call(functools.partial(_decode_body, codec, tile[1], dtype), tile, m, [wire_spec],
-                 values, jax.ShapeDtypeStruct((rows, m), dtype), interpret, w)
+    return _call(functools.partial(_decode_body, codec, tile, dtype), fmt, tile, m, "w", "v",
+                 dtype, interpret, w)
 
 
 def hop(wire, local, fmt: Format, *, block_cols: int | None = None,
@@ -196,10 +269,26 @@ def hop(wire, local, fmt: Format, *, block_cols: int | None = None,
     rows, m = local.shape
     tile = _tile(rows, m, fmt, block_cols)
     w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of local's {rows} rows")
-    values, wire_spec = _specs(fmt, tile)
-    return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile[1]), tile, m,
-                 [wire_spec, values], wire_spec, jax.ShapeDtypeStruct(w.shape, jnp.uint8),
-                 interpret, w, local)
+    return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile), fmt, tile,
+                 m, "wv", "w", jnp.uint8, interpret, w, local)
+
+
+def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,
+           interpret=None) -> jax.Array:
+    """Two-shot's reduce step: p messages of `m` values a row, uint8 `[p, rows,
+    fmt.nbytes(m)]`, -> the message of their sum, `[rows, fmt.nbytes(m)]`: decoded and added in
+    rank order in f32, each partial sum's subnormals read as zeros of their sign (as the
+    collectives add them, execute.py `settle`), then encoded; one pass, the p messages in and
+    one out, no f32 sum in HBM."""
+    fmt = _format(fmt)
+    count(m, "m")
+    w = array(wire, "wire")
+    if w.ndim != 3 or w.dtype != jnp.uint8 or w.shape[2] != fmt.nbytes(m):
+        raise ValueError(f"wire must be uint8 [p, rows, {fmt.nbytes(m)}] ({m} values of {fmt} "
+                         f"a row), got {w.dtype}{list(w.shape)}")
+    tile = _tile(w.shape[1], m, fmt, block_cols)
+    return _call(functools.partial(_reduce_body, wire_codec(fmt, jnp.float32), tile), fmt,
+                 tile, m, "p", "w", jnp.uint8, interpret, w)
 
 
 # ---- the collectives' codec: `all_reduce(..., impl="mosaic")` -------------------------------
@@ -287,10 +376,25 @@ class RowCodec:
     #: `encode` takes a flat message in the input's own dtype: a kernel reads bf16 from HBM,
     #: half an f32 copy's bytes (`execute.py`).
     reads_raw = True
+    #: The executor holds the input as rows of 128 values, the view the kernels read without a
+    #: relayout (`_dense`).
+    dense = True
 
     def fuses(self, m: int) -> bool:
         """Whether `hop` runs as one kernel on messages of `m` values."""
         return self._rows(m) is not None
+
+    def reduce(self, buf: jax.Array, m: int) -> jax.Array:
+        """Two-shot's reduce step in one pass: p messages `[p, ...]` of `m` values -> the
+        message of their sum, added in rank order in f32 (`reduce`), `[R, bytes]`. Needs
+        `fuses(m)`."""
+        rows = self._rows(m)
+        if rows is None:
+            raise ValueError(f"the Mosaic codec's reduce does not take messages of {m} values")
+        w = buf.reshape(buf.shape[0], -1, self.fmt.nbytes(m // rows))
+        if self.body:
+            return _reduce_tile(wire_codec(self.fmt, jnp.float32), m // rows, list(w))
+        return reduce(w, self.fmt, m // rows, interpret=self.interpret)
 
     def hop(self, buf: jax.Array, local: jax.Array) -> jax.Array:
         """The next message: `encode(decode(buf) + local)`, the sum in f32 with a subnormal

@@ -197,11 +197,23 @@ def memory_traffic(hlo_text: str) -> MemoryTraffic:
 
 
 def kernel_io(hlo_text: str) -> float:
-    """Tiled bytes of the operands and results of every Pallas TPU kernel (a custom call to
-    "tpu_custom_call") in the program's ENTRY computation: what the kernels move through HBM if
-    each one's grid visits every tile of every operand and result once (`kernels/codec.py`'s
-    do). A kernel that DMAs by hand (`kernels/ring.py`) moves what its program says, which
-    this does not read."""
+    """Bytes that every Pallas TPU kernel (a custom call to "tpu_custom_call") in the program's
+    ENTRY computation moves through HBM. A kernel that declares it (`pl.CostEstimate`'s
+    bytes_accessed, as `kernels/codec.py`'s do: each block its grid moves, once; XLA:TPU's
+    own count takes the same figure) is counted at that; any other at the tiled bytes of its
+    operands and results, what it moves if its grid visits every tile of each once. A kernel
+    that DMAs by hand (`kernels/ring.py`) moves what its program says, which this does not
+    read."""
     entry, comps = _entry(hlo_text)
-    return sum(a[0] for opcode, text, touched in _ops(comps[entry])
-               if opcode == "custom-call" and '"tpu_custom_call"' in text for a in touched)
+    total = 0.0
+    for opcode, text, touched in _ops(comps[entry]):
+        if opcode != "custom-call" or '"tpu_custom_call"' not in text:
+            continue
+        declared = _DECLARED.search(text)
+        total += float(declared.group(1)) if declared and float(declared.group(1)) > 0 \
+            else sum(a[0] for a in touched)
+    return total
+
+
+#: A Pallas kernel's declared bytes, in its backend config.
+_DECLARED = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')

@@ -23,18 +23,21 @@ the floor agree (1.00x). The programs, on one chip, at `mib` MiB of bf16 (n valu
 (`bench.codec_programs`, the same functions `equarx-ref bench` times), each compiled twice: the
 XLA path (`wire.Codec`, flat arrays as the collectives hand it a chunk) and the Mosaic codec's
 Pallas kernels (`kernels.codec`, the same bytes as a message of 8 rows: `bench.kernel_programs`).
-XLA:TPU cannot see inside a kernel (its count takes in part of one), so a kernel program's
-figure is the count of the XLA ops around it plus what the kernel's grid moves, every tile of
-its operands and results once (`hlo_memory.kernel_io`). The AllReduces are
+XLA:TPU cannot see inside a kernel, so a kernel program's figure is the count of the XLA ops
+around it plus what the kernel's grid moves, each block once, which the kernels declare
+(`pl.CostEstimate`, read back by `hlo_memory.kernel_io`). The AllReduces are
 compiled over p chips, n values of bf16 per chip (`tpu_compile.compile_all_reduce`), on both
 paths: `impl="xla"`, and `impl="mosaic"` (path "pallas": the same collectives, every message
 coded by the kernels, counted the same way); their ratio is to `lax.psum`'s bytes accessed for
 the same array (and to their fewest bytes, 4n per chip: the input read once, the result written
-once; what crosses the wire is not in "bytes accessed"). The project's target (`TARGET`) is each
-ratio within 2x. The Pallas kernels meet it for the codec programs (their grids move the fewest
-bytes: 1.0x); the XLA path does not (10-130x), nor do the AllReduces on either path (the
-kernels' AllReduces lose it to the relayouts XLA does around them), so the tests hold the
-kernels to the target and the rest to today's figures as regression bounds.
+once; what crosses the wire is not in "bytes accessed"). The project's targets are 2x for a
+codec program (`TARGET`) and 3x psum's for an AllReduce (`ALL_REDUCE_TARGET`). The Pallas
+kernels meet the first (their grids move the fewest bytes: 1.0x); the XLA path does not
+(10-130x). On the kernels, two-shot meets the second (about 2.7x for int8); the rings come to
+3-4.5x: every hop's chunk is cut out of the input by a dynamic slice that XLA writes to HBM
+before a kernel can read it (1x psum's bytes), and the bidirectional ring transposes the
+gathered bytes. The XLA path's AllReduces stay at 50-100x. The tests hold the kernels to the
+codec target and everything else to today's figures as regression bounds.
 
 The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
 same to 0.1x at 1/4, 1, 4 and 16 MiB; the int8 ring 53.5x psum's at 1/4 MiB, 52.9x at 16), but
@@ -67,14 +70,15 @@ from .tpu_compile import compile_all_reduce, compile_on_chip
 #: The codec paths XLA:TPU compiles: the XLA path and the Mosaic codec's kernels.
 PATHS = ("xla", "pallas")
 
-__all__ = ["ALGORITHMS", "PATHS", "TARGET", "all_reduce_bytes", "byte_ratios", "codec_bytes",
-           "format_byte_ratios"]
+__all__ = ["ALGORITHMS", "ALL_REDUCE_TARGET", "PATHS", "TARGET", "all_reduce_bytes",
+           "byte_ratios", "codec_bytes", "format_byte_ratios"]
 
 #: The AllReduce schedules compared with `lax.psum`.
 ALGORITHMS = ("ring", "bidir_ring", "two_shot")
-#: The project's target: every program's bytes accessed within 2x of its fewest bytes (codec
-#: programs) or of psum's (AllReduces). Printed beside the figures, not asserted.
+#: The project's targets, printed beside the figures: a codec program's bytes accessed within
+#: 2x of its fewest bytes, a quantized AllReduce's within 3x of psum's (issue 29).
 TARGET = 2.0
+ALL_REDUCE_TARGET = 3.0
 
 
 def _accessed(compiled) -> float:
@@ -173,7 +177,8 @@ def byte_ratios(topologies, *, mib: float = 16, p: int = 8, formats=BENCH_FORMAT
                                                           progress=progress)]
     ar = [r for t in topologies for r in all_reduce_bytes(
         t, mib=mib, p=p, algorithms=algorithms, formats=formats, progress=progress)]
-    return {"mib": mib, "p": p, "target": TARGET, "codec": codec, "all_reduce": ar,
+    return {"mib": mib, "p": p, "target": TARGET, "all_reduce_target": ALL_REDUCE_TARGET,
+            "codec": codec, "all_reduce": ar,
             "seconds": time.perf_counter() - start}
 
 
@@ -197,7 +202,7 @@ def format_byte_ratios(report: dict) -> str:
                                     if r["algorithm"] != "psum"))
     lines += ["", f"p = {report['p']} AllReduce, {report['mib']:g} MiB of bf16 per chip: bytes "
               f"accessed over lax.psum's (psum itself: over its fewest bytes, 4n); target <= "
-              f"{target:g}x:"]
+              f"{report.get('all_reduce_target', target):g}x:"]
     head = f"{'topology':9s} {'format':9s} {'path':6s} " + " ".join(f"{a:>10s}"
                                                                     for a in algorithms)
     lines += [head, "-" * len(head)]

@@ -164,9 +164,12 @@ def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024,
 
 def compile_codec(topology: str, fmt: eq.Format, *, rows: int = 16, tiles: int = 2,
                   lowered: bool = False):
-    """Compile the Mosaic codec's three kernels (`kernels.codec`: encode, decode, hop) as one
-    program for one chip of `topology`, on a message of `rows` rows of `tiles` tiles each
-    (16 rows: two groups of 8, a 2 x 2 grid)."""
+    """Compile the Mosaic codec's four kernels (`kernels.codec`) as one program for one chip of
+    `topology`, on a message of `rows` rows of `tiles` tiles each (16 rows: two groups of 8, a
+    2 x 2 grid): encode on it; decode (to f32) and hop on it as `rows x tiles` rows of one
+    tile, whose values travel lane-dense (`codec._dense`), the collectives' case; and
+    two-shot's `reduce` of two such messages. (All seven variants took 3x the compile time
+    of three, which the compile tier pays for every format on two topologies.)"""
     from equarx_ref.kernels import codec
 
     m = tiles * codec.TILE_BLOCKS * fmt.block_size
@@ -175,12 +178,15 @@ def compile_codec(topology: str, fmt: eq.Format, *, rows: int = 16, tiles: int =
     wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8, sharding=on_chip)
     local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
 
-    def all_three(w, v):
+    def every_kernel(w, v):
+        cols = m // tiles  # one tile a row
+        dense_w, dense_v = w.reshape(rows * tiles, -1), v.reshape(rows * tiles, cols)
         return (codec.encode(v, fmt, interpret=False),
-                codec.decode(w, fmt, m, jnp.bfloat16, interpret=False),
-                codec.hop(w, v, fmt, interpret=False))
+                codec.decode(dense_w, fmt, cols, jnp.float32, interpret=False),
+                codec.hop(dense_w, dense_v, fmt, interpret=False),
+                codec.reduce(jnp.stack([w, w]), fmt, m, interpret=False))
 
-    return _compile(all_three, (wire, local), mesh, lowered)
+    return _compile(every_kernel, (wire, local), mesh, lowered)
 
 
 def compile_on_chip(topology: str, fn: Callable, args, *, lowered: bool = False):
