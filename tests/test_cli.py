@@ -90,9 +90,9 @@ def test_bench(capsys, tmp_path):
     result = json.loads(out.read_text())
     assert result["device"] and result["platform"] == _default().platform
     n = 1 << 19  # 1 MiB of bf16
-    plain, plain32, *codec = result["codec"]
-    assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32)] == [
-        ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n)]
+    plain, plain32, add, *codec = result["codec"]
+    assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32, add)] == [
+        ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n), ("a + b", "bfloat16", 6 * n)]
     # the XLA path, then the kernels native to the chip: the Mosaic codec's on a TPU, the GPU
     # codec's (whole-byte formats) on a GPU, none on a CPU
     native = {"tpu": ("pallas", BENCH_FORMATS), "gpu": ("gpu", [
@@ -101,19 +101,22 @@ def test_bench(capsys, tmp_path):
     assert [(r["path"], r["program"], r["format"]) for r in codec] == [
         (path, p, str(eq.Format.parse(f))) for path, fs in paths for f in fs for p in PROGRAMS]
     for r in result["codec"]:
-        wire = 0 if r["program"] == "x + 1" else eq.Format.parse(r["format"]).nbytes(n)
-        assert r["fewest_bytes"] == {"x + 1": 4 * n, "encode": 2 * n + wire,
+        wire = 0 if r["program"] in ("x + 1", "a + b") else eq.Format.parse(
+            r["format"]).nbytes(n)
+        assert r["fewest_bytes"] == {"x + 1": 4 * n, "a + b": 6 * n, "encode": 2 * n + wire,
                                      "decode": wire + 2 * n, "hop": 2 * wire + 2 * n}[r["program"]]
         assert r["seconds"] > 0 and r["n"] == n
         assert r["gbps"] == pytest.approx(r["fewest_bytes"] / r["seconds"] / 1e9)
         assert r["copy_gbps"] == pytest.approx(max(plain["gbps"], plain32["gbps"]))
         assert r["of_copy"] == pytest.approx(r["gbps"] / r["copy_gbps"])
+        assert r["to_add"] == pytest.approx(r["seconds"] / add["seconds"])
     qdq = {r["format"]: r for r in result["quantizer"]}
     assert list(qdq) == [str(eq.Format.parse(f)) for f in QDQ_FORMATS]
     assert qdq["int8"]["to_int8"] == 1.0 and all(r["ratio"] > 0 for r in qdq.values())
     gen = _docs_gen("bench")
     site = gen.codec_table(result) + gen.bench_table(result)
     assert all(f"`{f}`" in site for f in qdq) and "vs int8" in site and "of copy" in site
+    assert "vs a + b" in site
 
 
 
@@ -124,7 +127,7 @@ def test_bench_times_the_mosaic_codec_where_asked():
     from equarx_ref.runs import bench
 
     rows = bench.codec_throughput(1, formats=("int8",), repeats=1, paths=("xla", "pallas"))
-    by = {(r["path"], r["program"]): r for r in rows if r["program"] != "x + 1"}
+    by = {(r["path"], r["program"]): r for r in rows if r["program"] not in ("x + 1", "a + b")}
     assert sorted(by) == sorted((p, g) for p in ("xla", "pallas") for g in bench.PROGRAMS)
     for g in bench.PROGRAMS:
         assert by["pallas", g]["fewest_bytes"] == by["xla", g]["fewest_bytes"]
@@ -147,7 +150,8 @@ def test_bench_times_the_gpu_codec_where_asked():
     from equarx_ref.runs import bench
 
     rows = bench.codec_throughput(1, formats=("int8", "int4"), repeats=1, paths=("xla", "gpu"))
-    by = {(r["path"], r["program"], r["format"]): r for r in rows if r["program"] != "x + 1"}
+    by = {(r["path"], r["program"], r["format"]): r for r in rows
+          if r["program"] not in ("x + 1", "a + b")}
     assert {k for k in by if k[0] == "gpu"} == {("gpu", g, "int8") for g in bench.PROGRAMS}
     for g in bench.PROGRAMS:
         assert by["gpu", g, "int8"]["fewest_bytes"] == by["xla", g, "int8"]["fewest_bytes"]

@@ -91,8 +91,11 @@ def test_round_half_even_is_jnp_round():
     near = np.concatenate([np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)])
     big = np.float32([2**22 + 0.5, 2**23 - 0.5, 2**23, 2**23 + 1, 3e38, -3e38])
     odd = np.float32([np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 0.49999997, -0.49999997])
-    x = np.concatenate([ties, near, big, odd,
-                        np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 100])
+    rng = np.random.default_rng(0)
+    x = np.concatenate([ties, near, big, odd, rng.standard_normal(4096).astype(np.float32) * 100,
+                        rng.uniform(2**22, 2**23, 4096).astype(np.float32),  # steps of 1/2
+                        rng.integers(0, 2**32, 1 << 16, dtype=np.uint32).view(np.float32)])
+    x = x[~np.isnan(x)]  # NaN below (its payload bits are not the rule's)
     got = np.asarray(jax.jit(gpu._round_half_even)(jnp.asarray(x)))
     assert np.array_equal(got.view(np.uint32), np.round(x).view(np.uint32))
     assert np.isnan(gpu._round_half_even(jnp.float32(np.nan)))
@@ -100,6 +103,39 @@ def test_round_half_even_is_jnp_round():
     away = np.asarray(jax.jit(lambda v: gpu._round_half_even(v, ties_to_even=False))(x))
     want = np.asarray(lax.round(jnp.asarray(x), lax.RoundingMethod.AWAY_FROM_ZERO))
     assert np.array_equal(away.view(np.uint32), want.view(np.uint32))
+
+
+def test_round_lowering_in_a_kernel():
+    """`lax.round` inside a Pallas kernel, both methods, against numpy: on a GPU the kernel
+    runs natively, through the lowering the codec adds to Triton; elsewhere interpreted."""
+    from jax.experimental import pallas as pl
+
+    rng = np.random.default_rng(1)
+    ties = np.arange(-300, 300, dtype=np.float32) + 0.5
+    x = np.concatenate([ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf),
+                        np.float32([2**23 - 0.5, 2**23, 3e38, np.inf, -np.inf, -0.0, 1e-40,
+                                    -0.4, 0.49999997]),
+                        rng.uniform(2**22, 2**23, 2048).astype(np.float32),
+                        rng.integers(0, 2**32, 8192, dtype=np.uint32).view(np.float32)])
+    x = x[~np.isnan(x)]
+    x = np.pad(x, (0, -x.size % 1024))
+    gpu._lowering_rules()
+    spec = pl.BlockSpec((1024,), lambda i: (i,))
+
+    def kernel_round(v, method):
+        def body(x_ref, o_ref):
+            o_ref[...] = lax.round(x_ref[...], method)
+
+        return pl.pallas_call(body, grid=(v.size // 1024,), in_specs=[spec], out_specs=spec,
+                              out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype),
+                              interpret=gpu._interpret(None))(v)
+
+    for method in (lax.RoundingMethod.TO_NEAREST_EVEN, lax.RoundingMethod.AWAY_FROM_ZERO):
+        got = np.asarray(jax.jit(kernel_round, static_argnums=1)(x, method))
+        big = np.abs(x) >= 2**23
+        want = np.round(x) if method == lax.RoundingMethod.TO_NEAREST_EVEN else np.where(
+            big, x, np.trunc(x.astype(np.float64) + np.copysign(0.5, x)))  # exact in f64
+        assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), method
 
 
 @pytest.mark.parametrize("name, why", [("int4", "whole-byte elements, not 4-bit"),

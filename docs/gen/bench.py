@@ -36,11 +36,13 @@ def codec_table(data) -> str:
     if not rows:
         return ""
     return table(
-        ["path", "program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s", "of copy"],
+        ["path", "program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s", "of copy",
+         "vs a + b"],
         [[r.get("path", "xla"), r["program"], f"`{r['format']}`" if r["format"] else "–",
           r["mib"],
           f"{r['seconds'] * 1e3:.2f} ms", f"{r['fewest_bytes'] / 1e6:.1f} MB",
-          f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}"] for r in rows])
+          f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}",
+          f"{r['to_add']:.2f}x" if "to_add" in r else "–"] for r in rows])
 
 
 def results() -> Section:
@@ -54,7 +56,8 @@ def results() -> Section:
                   "one ring hop (decode, add a bf16 chunk, encode), each in GB/s over the "
                   "fewest bytes it must move (its inputs read once, its outputs written once) "
                   "and as a fraction of a copy's (the faster `x + 1`, on bf16 or on f32 of "
-                  "the same bytes), timed in the same run:", "",
+                  "the same bytes), and its time over a bf16 `a + b`'s (a plain ring hop: "
+                  "the quantized hop's yardstick), timed in the same run:", "",
                   codec, "", "Quantize + dequantize of f32, against `x + 1` and int8's:", ""]
     lines += [bench_table(data), "",
               "*Timings on the machine that ran it (median of the repeats), every program and "

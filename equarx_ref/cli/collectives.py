@@ -139,13 +139,14 @@ def cmd_bench(args) -> int:
     out = sys.stderr if args.json == "-" else sys.stdout
     print(f"the codec on {results['device']} ({results['platform']}): GB/s over each "
           "program's fewest bytes (inputs read once, outputs written once), and the fraction "
-          "of a copy's (the faster x + 1, bf16 or f32 on the same bytes) in this run", file=out)
+          "of a copy's (the faster x + 1, bf16 or f32 on the same bytes), and the time over a "
+          "bf16 a + b's (a plain ring hop) in this run", file=out)
     print(table(["path", "program", "format", "MiB of bf16", "time", "fewest bytes", "GB/s",
-                 "of copy"],
+                 "of copy", "vs a + b"],
                 [[r.get("path", "xla"), r["program"], r["format"] or "-", str(r["mib"]),
                   f"{r['seconds'] * 1e3:.2f} ms", f"{r['fewest_bytes'] / 1e6:.1f} MB",
-                  f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}"] for r in results["codec"]]),
-          file=out)
+                  f"{r['gbps']:.1f}", f"{r['of_copy']:.0%}", f"{r['to_add']:.2f}x"]
+                 for r in results["codec"]]), file=out)
     print("quantize+dequantize of f32 against x + 1 and against int8's, same run:", file=out)
     print(table(["format", "MiB", "quantize+dequantize", "x + 1", "ratio", "vs int8", "GiB/s"],
                 [[r["format"], str(r["mib"]), f"{r['quantize_dequantize_s'] * 1e3:.1f} ms",

@@ -35,14 +35,21 @@ saturates by comparisons (`_decode_values`), where `scales.apply_scale` keeps it
 counted 1.8x the bytes for a 4-bit decode with the comparisons).
 
 Measured on an NVIDIA H100 80GB HBM3 (jax 0.11.2, 2^28 bf16 values, medians of round-robin
-calls in one run, against `x + 1` and a bf16 `a + b` in the same run; two runs on two
+calls in one run, against `x + 1` and a bf16 `a + b` in the same run; three runs on three
 machines): a tile of 64 blocks on 2 warps was the fastest of 16 (16-128 blocks x 1-8 warps;
-1024 blocks ran 10x slower). int8 encode 0.78 / 0.98 ms, 56% / 50% of the copy's bandwidth
-(the XLA codec: 1.27 ms, 38-39%); decode 94% (XLA: 68%); a hop 0.96 / 1.11 ms, 1.65x / 1.83x
-`a + b` (XLA: 2.8-3.2x); mxfp8 encode 61% / 54%. A naive quantizer in the same kernel shape
-(absmax / 127, round, no exactness rule) took 0.56 ms, 78%: the exact rule costs 1.4x here,
-in arithmetic (the scale bytes' stores cost nothing measurable, nor did rounding by one PTX
-`cvt.rni` instead of `floor`). So int8 stays short of 60% of a copy and 1.5x `a + b`.
+1024 blocks ran 10x slower; a later sweep with the one-addition round had 32x1, 64x4 and 128x4
+within 4% of it, inside the runs' spread). int8 encode 0.78 / 0.98 ms, 56% / 50% of the
+copy's bandwidth (the XLA codec: 1.27 ms, 38-39%); decode 94% (XLA: 68%); a hop 0.96 / 1.11
+ms, 1.65x / 1.83x `a + b` (XLA: 2.8-3.2x); mxfp8 encode 61% / 54%. A naive quantizer in the
+same kernel shape (absmax / 127, round, no exactness rule) took 0.56-0.60 ms, 73-78%: the
+exact rule costs about 1.5x here, in arithmetic (the scale bytes' stores cost nothing
+measurable), so operations per element are what to save: `round` as one addition
+(`_round_half_even`) instead of two floors took, side by side on the third machine, int8
+encode 0.99 -> 0.94 ms and its hop 1.15 -> 1.08 ms (1.46x -> 1.37x `a + b`), fp8_e4m3
+1.11 -> 1.01 and 1.41 -> 1.29 ms, mxfp8 0.93 -> 0.85 and 1.21 -> 1.10 ms (one PTX `cvt.rni`
+instead of the floors had gained nothing, in an earlier run). So a hop meets 1.5x `a + b` for int8
+and mxfp8, not for fp8_e4m3 (1.64x), and encode stays short of 60% of a copy (int8 47%,
+mxfp8 51-53% on that machine, whose copy ran at 1.9 TB/s).
 
 What this does not claim: no other GPU has run these kernels; the figures are the closing
 notes' and this essay's, not a stored result.
@@ -99,15 +106,23 @@ def _format(fmt) -> Format:
 
 
 def _round_half_even(x: jax.Array, *, ties_to_even: bool = True) -> jax.Array:
-    """round(x), ties to even (or away from zero), exactly, from floor: for |x| < 2^23 the
-    fraction |x| - floor(|x|) is exact and decides, a tie moving up away from zero, or to
-    even; x's sign bit goes back on by an OR (-0.4 rounds to -0; Triton's negation, 0 - x,
-    would give +0); larger |x| (and inf, NaN) are integers already."""
+    """round(x), ties to even (or away from zero), exactly. For |x| < 2^23, ties to even is
+    one addition: t = |x| + 2^23 lies in [2^23, 2^24], where f32's spacing is 1 (2 at 2^24
+    itself), so the addition rounds |x| to an integer, ties to even (no FMA can contract an
+    addition, and a flushed subnormal rounds to 0 either way), and t - 2^23 is exact. The 2^23
+    is read off t's bits (its exponent field with the lowest bit cleared: 2^23 for t = 2^24
+    too), so that no compiler folds (|x| + c) - c into |x|, as XLA does. Ties away from zero
+    decide on the exact fraction |x| - floor(|x|). x's sign bit goes back on by an OR (-0.4
+    rounds to -0; Triton's negation, 0 - x, would give +0); larger |x| (and inf, NaN) are
+    integers already."""
     a = jnp.abs(x)
-    n = jnp.floor(a)
-    f = a - n  # exact
-    odd = jnp.floor(n * 0.5) * 2 != n
-    r = jnp.where((f > 0.5) | ((f == 0.5) & (odd | (not ties_to_even))), n + 1, n)
+    if ties_to_even:
+        t = a + 2.0**23  # the rounding
+        r = t - lax.bitcast_convert_type(lax.bitcast_convert_type(t, jnp.int32) & 0x7F000000,
+                                         jnp.float32)  # t - 2^23, exact
+    else:
+        n = jnp.floor(a)
+        r = jnp.where(a - n >= 0.5, n + 1, n)  # the fraction is exact
     sign = lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-2**31)
     r = lax.bitcast_convert_type(lax.bitcast_convert_type(r, jnp.int32) | sign, jnp.float32)
     return jnp.where(a < 2.0**23, r, x)

@@ -9,6 +9,7 @@ cheapest pass over memory there is, `x + 1` (one read, one write; XLA removes `x
     program   inputs                         output       fewest bytes (n values)
     x + 1     x: bf16[n]                     bf16[n]      2n + 2n
     x + 1     x: f32[n/2] (the same bytes)   f32[n/2]     2n + 2n
+    a + b     a, b: bf16[n]                  bf16[n]      2n + 2n + 2n
     encode    x: bf16[n]                     u8[nbytes]   2n + nbytes
     decode    wire: u8[nbytes]               bf16[n]      nbytes + 2n
     hop       wire: u8[nbytes], x: bf16[n]   u8[nbytes]   nbytes + 2n + nbytes
@@ -20,7 +21,9 @@ throughput is its fewest bytes over its time, GB/s, and the fraction of the copy
 measured in the same run (4n bytes over the faster `x + 1`'s time: XLA:CPU adds bf16 through
 f32 conversions, which can make that pass compute-bound, where a TPU's or a GPU's is bound by
 memory either way): 100% is a codec as cheap as a copy; decode writes bf16 as the gather phase does
-(`Codec.decode(buf, m, dtype)`).
+(`Codec.decode(buf, m, dtype)`). Each program's time is also given over `a + b`'s, a bf16
+ring's hop: a quantized hop that costs more than that plain add beside it must win it back on
+the wire.
 
 `quantizer_throughput`, the older table, times quantize + dequantize (`quantize.py`, f32 in
 and out) of several formats against `x + 1` and against int8's in the same run. It was a unit
@@ -49,9 +52,9 @@ from ..quantize import dequantize, quantize
 from ..wire import Codec
 from .timing import medians, time_calls
 
-__all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "codec_paths",
-           "codec_programs", "codec_throughput", "gpu_programs", "kernel_programs", "plain_program",
-           "quantizer_throughput", "throughput"]
+__all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "add_program",
+           "codec_paths", "codec_programs", "codec_throughput", "gpu_programs", "kernel_programs",
+           "plain_program", "quantizer_throughput", "throughput"]
 
 #: The formats whose encode, decode and hop `equarx-ref bench` times (and `tpu_bytes` compiles).
 BENCH_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4")
@@ -83,6 +86,13 @@ def plain_program(n: int, dtype: str = "bfloat16") -> Program:
     program is measured against. Its `fmt` names the dtype."""
     m = 2 * n // jnp.dtype(dtype).itemsize
     return Program("x + 1", jnp.dtype(dtype).name, lambda x: x + 1, ((dtype, (m,)),), 4 * n)
+
+
+def add_program(n: int) -> Program:
+    """`a + b` of two bf16[n]: two reads and one write, what a bf16 ring hop costs (the yardstick
+    of a quantized hop: how much more than the plain add it replaces)."""
+    values = ("bfloat16", (n,))
+    return Program("a + b", "bfloat16", lambda a, b: a + b, (values, values), 6 * n)
 
 
 def codec_programs(fmt: Format, n: int) -> dict[str, Program]:
@@ -180,14 +190,17 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
 
     Returns one row per program: {"path" ("xla", "pallas" or "gpu"), "program", "format" (for x + 1:
     its dtype), "mib", "n", "seconds" (median), "fewest_bytes", "gbps" (fewest bytes / seconds
-    / 1e9), "of_copy" (gbps over "copy_gbps", the faster x + 1's)}; the two `x + 1` rows (bf16,
-    f32) first.
+    / 1e9), "of_copy" (gbps over "copy_gbps", the faster x + 1's), "to_add" (seconds over
+    `a + b`'s, the plain bf16 hop)}; the two `x + 1` rows (bf16, f32) and `a + b` first.
     """
     n = _values(mib)
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32).astype(jnp.bfloat16)
-    progs = [("xla", plain_program(n)), ("xla", plain_program(n, "float32"))]
+    y = jax.random.normal(jax.random.key(1), (n,), jnp.float32).astype(jnp.bfloat16)
+    progs = [("xla", plain_program(n)), ("xla", plain_program(n, "float32")),
+             ("xla", add_program(n))]
     calls = {"x + 1": (jax.jit(progs[0][1].fn), (x,)),
-             "x + 1 f32": (jax.jit(progs[1][1].fn), (x[: n // 2].astype(jnp.float32),))}
+             "x + 1 f32": (jax.jit(progs[1][1].fn), (x[: n // 2].astype(jnp.float32),)),
+             "a + b": (jax.jit(progs[2][1].fn), (x, y))}
     for path in _paths(paths):
         make = {"xla": codec_programs,
                 "pallas": functools.partial(kernel_programs, interpret=None),
@@ -208,7 +221,8 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
     copy = 4 * n / min(t["x + 1"], t["x + 1 f32"]) / 1e9
     return [{"path": path, "program": p.name, "format": p.fmt, "mib": mib, "n": n,
              "seconds": s, "fewest_bytes": p.fewest_bytes, "gbps": p.fewest_bytes / s / 1e9,
-             "of_copy": p.fewest_bytes / s / 1e9 / copy, "copy_gbps": copy}
+             "of_copy": p.fewest_bytes / s / 1e9 / copy, "copy_gbps": copy,
+             "to_add": s / t["a + b"]}
             for (path, p), s in zip(progs, t.values(), strict=True)]
 
 
