@@ -94,9 +94,9 @@ def test_bench(capsys, tmp_path):
     assert [(r["program"], r["format"], r["fewest_bytes"]) for r in (plain, plain32, add)] == [
         ("x + 1", "bfloat16", 4 * n), ("x + 1", "float32", 4 * n), ("a + b", "bfloat16", 6 * n)]
     # the XLA path, then the kernels native to the chip: the Mosaic codec's on a TPU, the GPU
-    # codec's (whole-byte formats) on a GPU, none on a CPU
-    native = {"tpu": ("pallas", BENCH_FORMATS), "gpu": ("gpu", [
-        f for f in BENCH_FORMATS if eq.Format.parse(f).elem_bits == 8])}.get(_default().platform)
+    # codec's (8-bit and 4-bit formats: every bench format) on a GPU, none on a CPU
+    native = {"tpu": ("pallas", BENCH_FORMATS), "gpu": ("gpu", BENCH_FORMATS)}.get(
+        _default().platform)
     paths = [("xla", BENCH_FORMATS), *([native] if native else [])]
     assert [(r["path"], r["program"], r["format"]) for r in codec] == [
         (path, p, str(eq.Format.parse(f))) for path, fs in paths for f in fs for p in PROGRAMS]
@@ -146,15 +146,15 @@ def test_bench_times_the_mosaic_codec_where_asked():
 def test_bench_times_the_gpu_codec_where_asked():
     """On a GPU `bench` times the GPU codec's kernels beside the XLA path; asked for them
     here, it interprets them (wiring, not a timing): rows labelled "gpu" with the XLA path's
-    fewest bytes, for the whole-byte formats only (int4 has none)."""
+    fewest bytes, for the 8-bit and 4-bit formats only (int6 has none)."""
     from equarx_ref.runs import bench
 
-    rows = bench.codec_throughput(1, formats=("int8", "int4"), repeats=1, paths=("xla", "gpu"))
+    rows = bench.codec_throughput(1, formats=("int4", "int6"), repeats=1, paths=("xla", "gpu"))
     by = {(r["path"], r["program"], r["format"]): r for r in rows
           if r["program"] not in ("x + 1", "a + b")}
-    assert {k for k in by if k[0] == "gpu"} == {("gpu", g, "int8") for g in bench.PROGRAMS}
+    assert {k for k in by if k[0] == "gpu"} == {("gpu", g, "int4") for g in bench.PROGRAMS}
     for g in bench.PROGRAMS:
-        assert by["gpu", g, "int8"]["fewest_bytes"] == by["xla", g, "int8"]["fewest_bytes"]
+        assert by["gpu", g, "int4"]["fewest_bytes"] == by["xla", g, "int4"]["fewest_bytes"]
 
 def test_draw_schedule():
     ax = draw_schedule(eq.ring_schedule(4))
@@ -215,10 +215,11 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     assert cli.main(["check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"bitwise equal to the spec on {_chip()}: 9 formats, 12 data classes; the Mosaic " \
-        "codec's kernels 8 formats, the GPU codec's 5; all_reduce 5 cases" in text, text
+        "codec's kernels 8 formats, the GPU codec's 7; all_reduce 5 cases" in text, text
     result = json.loads(out.read_text())
     assert result["equal"] is True
-    assert result["gpu_kernels"]["mxfp8"] == dict.fromkeys(result["formats"]["mxfp8"])
+    for name in ("mxfp8", "mxfp4"):
+        assert result["gpu_kernels"][name] == dict.fromkeys(result["formats"][name])
     assert result["all_reduce"]["ring int8 p=8 (mosaic)"] is None
 
 

@@ -138,7 +138,7 @@ def test_round_lowering_in_a_kernel():
         assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), method
 
 
-@pytest.mark.parametrize("name, why", [("int4", "whole-byte elements, not 4-bit"),
+@pytest.mark.parametrize("name, why", [("int6", "8-bit and 4-bit elements, not 6-bit"),
                                        ("mxfp6_e2m3", "not 6-bit"),
                                        ("int8/b24", "powers of two, not block_size 24")])
 def test_gpu_codec_refuses_what_it_does_not_code(name, why):
@@ -170,7 +170,7 @@ def _h100(monkeypatch):
                         lambda *a, **k: type("Info", (), {"compute_capability": 90})())
 
 
-@pytest.mark.parametrize("name", ("int8", "mxfp8", "int8/f32"))
+@pytest.mark.parametrize("name", ("int8", "mxfp8", "int8/f32", "int4", "mxfp4", "int4/b16"))
 def test_gpu_codec_lowers_to_triton(name, monkeypatch):
     """Every kernel lowers to Triton's IR for an H100 (sm_90), from this machine: the lowering
     rules the codec adds are in place, and nothing in the rule is outside Triton's ops."""

@@ -20,11 +20,15 @@ decodes, adds its local tile in f32 and encodes again without leaving the core.
 
 Triton's shapes are powers of two, so a tile is a power-of-two number of blocks of a
 power-of-two block size, and a row of 34 bytes is written as its payload `[tile, 32]` and one
-column per scale byte. The formats are those whose elements are whole bytes (`FORMATS`): their
-codes are the payload bytes. Two of jax's lowering rules for Triton are missing for what the
-rule uses, so `_lowering_rules` adds them, only where jax has none (`_jax_private.py` lists the
-names): `round` (nearest, from `floor`: for |x| < 2^23 the fraction |x| - floor(|x|) is exact
-and decides) and a `stack` of one array (an added axis).
+column per scale byte. The formats are those of 8-bit and of 4-bit elements (`FORMATS`). An
+8-bit code is a payload byte; 4-bit codes pack in the package's own way (`elements.pack_codes`:
+byte i holds elements i and i + B/2, the block's two halves as `[tile, 2, B/2]` and a
+reduction over the 2), and unpack through the broadcast of `decode_elements(from_wire=False)`,
+the same values as the wire path's concatenation, which has no Triton lowering. Widths whose
+groups span 3 bytes (6-bit) have no power-of-two shape and are refused. Two of jax's lowering
+rules for Triton are missing for what the rule uses, so `_lowering_rules` adds them, only where
+jax has none (`_jax_private.py` lists the names): `round` (nearest, by one addition) and a
+`stack` of one array (an added axis).
 
 Triton's float semantics differ from XLA's in two ways the rule met, both found on an H100
 (tests/test_gpu_codec.py evaluates the kernels' bodies with Triton's semantics on the CPU, so
@@ -76,8 +80,9 @@ from ..scales import scaled
 
 __all__ = ["FORMATS", "NUM_WARPS", "TILE_BLOCKS", "decode", "encode", "hop", "supports"]
 
-#: The formats these kernels code: elements of whole bytes (their codes are the payload).
-FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "int8/f32", "fp8_e4m3/f32")
+#: The formats these kernels code (`supports`): 8-bit and 4-bit elements, power-of-two blocks.
+FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "int8/f32", "fp8_e4m3/f32",
+           "int4", "fp4_e2m1", "mxfp4", "int4/f32", "int4/b16")
 #: Blocks a grid step codes, at most (fewer where a message has fewer, a power of two).
 TILE_BLOCKS = 64
 #: Warps (32 threads each) a grid step runs on.
@@ -88,8 +93,8 @@ def supports(fmt: Format) -> str | None:
     """None if these kernels code `fmt`, else why not (one line)."""
     if not isinstance(fmt, Format):
         return f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}"
-    if fmt.elem_bits != 8:
-        return f"the GPU codec codes whole-byte elements, not {fmt.elem_bits}-bit {fmt}"
+    if fmt.elem_bits not in (4, 8):
+        return f"the GPU codec codes 8-bit and 4-bit elements, not {fmt.elem_bits}-bit {fmt}"
     if fmt.block_size & (fmt.block_size - 1):
         return f"the GPU codec's tiles are powers of two, not block_size {fmt.block_size}"
     return None
@@ -172,7 +177,8 @@ def _decode_values(fmt: Format, payload: jax.Array, scale_bytes) -> jax.Array:
     """A tile's payload `[tile, PB]` and its scale bytes (one `[tile]` column each) -> f32
     values `[tile, block_size]`, `wire.decode`'s numerics: the scale read as f32 straight from
     its bytes, then `scales.apply_scale`'s saturation by two comparisons, which a NaN fails
-    (its clip lowers to Triton's `minnumf` and `maxnumf`, which drop one)."""
+    (its clip lowers to Triton's `minnumf` and `maxnumf`, which drop one). 4-bit codes unpack
+    through a broadcast (`from_wire=False`: Triton has no concatenation)."""
     if fmt.scale_dtype == "e8m0":
         scales = scale_bytes[0]
     else:
@@ -182,7 +188,7 @@ def _decode_values(fmt: Format, payload: jax.Array, scale_bytes) -> jax.Array:
         if fmt.scale_dtype == "bfloat16":
             bits = bits << 16
         scales = lax.bitcast_convert_type(bits, jnp.float32)
-    out = scaled(decode_elements(payload, fmt), scales, fmt)
+    out = scaled(decode_elements(payload, fmt, from_wire=False), scales, fmt)
     big = np.finfo(np.float32).max
     return jnp.where(out > big, big, jnp.where(out < -big, -big, out))
 

@@ -65,7 +65,7 @@ QDQ_FORMATS = (*BENCH_FORMATS, "int8/f32", "int4/f32", "int4/b16", "fp8_e5m2", "
 #: The codec programs, in table order.
 PROGRAMS = ("encode", "decode", "hop")
 #: The codec's paths: XLA's fusions of `wire.Codec`, the Mosaic codec's Pallas kernels (TPU),
-#: the GPU codec's Pallas kernels (Triton; the whole-byte formats it codes).
+#: the GPU codec's Pallas kernels (Triton; the 8-bit and 4-bit formats it codes).
 PATHS = ("xla", "pallas", "gpu")
 
 
@@ -207,7 +207,7 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
                 "gpu": functools.partial(gpu_programs, interpret=None)}[path]
         for name in formats:
             if path == "gpu" and not _gpu_codes(Format.parse(name)):
-                continue  # the GPU codec codes whole-byte formats only
+                continue  # the GPU codec codes 8-bit and 4-bit formats only
             by_name = make(Format.parse(name), n)
             values = x.reshape(by_name["encode"].args[0][1])  # flat, or the kernels' rows
             wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(values))  # real messages

@@ -9,7 +9,7 @@ dequantized values, must be the spec's to the bit (a non-finite block's scale by
 any NaN or infinity). The Mosaic codec's kernels (`kernels.codec`: natively on a TPU, in TPU
 interpret mode elsewhere) encode and decode the same classes, a row each, for every check
 format they compile for, and so do the GPU codec's (`kernels.gpu`: natively on a GPU,
-interpreted elsewhere) for the whole-byte formats they code. Then a small `all_reduce` on
+interpreted elsewhere) for the 8-bit and 4-bit formats they code. Then a small `all_reduce` on
 the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
 the first differing block: its values, the expected and the received bytes.
 """
