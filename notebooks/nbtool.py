@@ -44,8 +44,10 @@ Exercises. An exercise is four cells in a row, task before answer:
 
 Text twins. Each notebook is paired by jupytext with a MyST Markdown twin (NN_name.md next to
 NN_name.ipynb) holding the same cells without outputs, so prose changes review as text. Edit
-either one and `run` the file you edited: it wins, the other is rewritten from it. nbval runs the
-executed .ipynb; the twin is never executed by the tests, only compared with it.
+either one and `run` the file you edited: it wins, the other is rewritten from it. Run from the
+.ipynb while the twin holds other cells, `run` refuses (docs/remake.sh runs every .ipynb, and an
+edit made in a twin would be lost). nbval runs the executed .ipynb; the twin is never executed
+by the tests, only compared with it.
 
 Storage. Notebooks are stored executed (nbval compares the `# NBVAL_CHECK_OUTPUT` cells, the docs
 site renders the outputs) and stripped with `nbstripout --keep-output --keep-count`: without
@@ -462,9 +464,20 @@ def twin(paths: list[Path]) -> None:
         print(f"{_shown(twin_path(path))}: written from {path.name}")
 
 
+def twin_differs(ipynb: Path) -> bool:
+    """Whether the notebook's text twin exists and holds other cells than it: an edit made in
+    one of them and not yet run."""
+    import jupytext
+
+    md = twin_path(ipynb)
+    return md.exists() and _cells(jupytext.read(str(md), fmt=TWIN_FORMAT)) != _cells(_load(ipynb))
+
+
 def run(path: Path) -> float:
     """Execute a notebook (sources from `path`, .md or .ipynb) and store it executed, stripped,
-    with its twin. Nothing is written unless every cell ran."""
+    with its twin. Nothing is written unless every cell ran. Run from the .ipynb while its twin
+    differs, it refuses: the twin's edits would be overwritten (run the .md, or `twin` the
+    .ipynb to drop them)."""
     import time
 
     import nbformat
@@ -474,6 +487,10 @@ def run(path: Path) -> float:
     require("run")
     path = Path(path).resolve()
     ipynb = path.with_suffix(".ipynb")
+    if path.suffix == ".ipynb" and twin_differs(ipynb):
+        raise SystemExit(f"{_shown(twin_path(ipynb))} differs from {ipynb.name}: run the file you "
+                         f"edited (nbtool.py run {_shown(twin_path(ipynb))}), or drop the twin's "
+                         f"edits with nbtool.py twin {_shown(ipynb)}")
     nb = _read_source(path)
     normalize(nb, ipynb)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
@@ -671,10 +688,9 @@ def twin_problems(path: Path) -> list[str]:
         return [f"not paired with its text twin: metadata.jupytext should be {PAIRING} {fix}"]
     if not md.exists():
         return [f"text twin {md.name} is missing {fix}"]
-    text = jupytext.read(str(md), fmt=TWIN_FORMAT)
-    if _cells(text) == _cells(nb):
+    if not twin_differs(path):
         return []
-    a, b = _cells(nb), _cells(text)
+    a, b = _cells(nb), _cells(jupytext.read(str(md), fmt=TWIN_FORMAT))
     k = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
     return [f"text twin {md.name} differs from the notebook from cell {k + 1} on "
             f"({len(b)} cells vs {len(a)}); run the edited file: "

@@ -72,6 +72,24 @@ def test_text_twin_in_sync(nb):
     assert not problems, f"{nb.name}:\n  " + "\n  ".join(problems)
 
 
+def test_run_from_the_notebook_refuses_to_overwrite_an_edited_twin(tmp_path):
+    """An edit made in the text twin and run from the .ipynb would be lost (the twin is
+    rewritten from the notebook): `run` refuses in one line, before executing anything."""
+    import shutil
+
+    nb = NOTEBOOKS[0]
+    shutil.copy(nb, tmp_path / nb.name)
+    md = nbtool.twin_path(tmp_path / nb.name)
+    md.write_text(nbtool.twin_path(nb).read_text(encoding="utf-8"), encoding="utf-8")
+    assert not nbtool.twin_differs(tmp_path / nb.name)
+    md.write_text(md.read_text(encoding="utf-8").replace("## Summary", "## In short", 1),
+                  encoding="utf-8")
+    assert nbtool.twin_differs(tmp_path / nb.name)
+    with pytest.raises(SystemExit, match=f"{md.name} differs from {nb.name}: run the file you "
+                                         "edited"):
+        nbtool.run(tmp_path / nb.name)
+
+
 @pytest.mark.parametrize("sources, extras", [
     (["import equarx_ref as eq\nprint(eq.Format('int8'))"], []),
     # Gemma's configs, the model on given params, its reports: the base install

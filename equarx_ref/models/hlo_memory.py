@@ -210,8 +210,8 @@ def kernel_io(hlo_text: str) -> float:
         if opcode != "custom-call" or '"tpu_custom_call"' not in text:
             continue
         declared = _DECLARED.search(text)
-        total += float(declared.group(1)) if declared and float(declared.group(1)) > 0 \
-            else sum(a[0] for a in touched)
+        declared = float(declared.group(1)) if declared else 0.0
+        total += declared if declared > 0 else sum(a[0] for a in touched)
     return total
 
 

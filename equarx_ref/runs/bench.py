@@ -110,48 +110,42 @@ def codec_programs(fmt: Format, n: int) -> dict[str, Program]:
     }
 
 
+def _kernel_programs(kernels, fmt: Format, n: int, rows: int | None,
+                     interpret) -> dict[str, Program]:
+    """encode, decode and hop of `fmt` over n bf16 values as a Pallas codec's kernels
+    (`kernels`: the module, whose three functions take the same arguments), on a message of
+    `rows` rows of n / rows values (None: flat), the same bytes as the flat one, with the
+    same fewest bytes as `codec_programs`."""
+    name, m = str(fmt), n if rows is None else n // rows
+    lead = () if rows is None else (rows,)
+    nbytes = (rows or 1) * fmt.nbytes(m)
+    wire, values = ("uint8", (*lead, fmt.nbytes(m))), ("bfloat16", (*lead, m))
+    return {
+        "encode": Program("encode", name, lambda x: kernels.encode(x, fmt, interpret=interpret),
+                          (values,), 2 * n + nbytes),
+        "decode": Program("decode", name, lambda w: kernels.decode(
+            w, fmt, m, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
+        "hop": Program("hop", name, lambda w, x: kernels.hop(w, x, fmt, interpret=interpret),
+                       (wire, values), 2 * nbytes + 2 * n),
+    }
+
+
 def kernel_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
     """encode, decode and hop of `fmt` over n bf16 values as the Mosaic codec's Pallas kernels
     (`kernels.codec`; `interpret` as theirs, False: compiled natively): a message of
-    `TILE_ROWS` rows of n / TILE_ROWS values, the same bytes as the flat one, with the same
-    fewest bytes."""
+    `TILE_ROWS` rows of n / TILE_ROWS values."""
     from ..kernels import codec  # Pallas loads only here
 
-    rows, m, name = codec.TILE_ROWS, n // codec.TILE_ROWS, str(fmt)
-    nbytes = rows * fmt.nbytes(m)
-    wire, values = ("uint8", (rows, fmt.nbytes(m))), ("bfloat16", (rows, m))
-    return {
-        "encode": Program("encode", name, lambda x: codec.encode(x, fmt, interpret=interpret),
-                          (values,), 2 * n + nbytes),
-        "decode": Program("decode", name, lambda w: codec.decode(
-            w, fmt, m, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
-        "hop": Program("hop", name, lambda w, x: codec.hop(w, x, fmt, interpret=interpret),
-                       (wire, values), 2 * nbytes + 2 * n),
-    }
+    return _kernel_programs(codec, fmt, n, codec.TILE_ROWS, interpret)
 
 
 def gpu_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
     """encode, decode and hop of `fmt` over n bf16 values as the GPU codec's Pallas kernels
-    (`kernels.gpu`; `interpret` as theirs, False: compiled by Triton): the flat message and
-    the fewest bytes of `codec_programs`."""
+    (`kernels.gpu`; `interpret` as theirs, False: compiled by Triton) on the flat message; none
+    for a format it does not code (`gpu.supports`)."""
     from ..kernels import gpu  # Pallas loads only here
 
-    name, nbytes = str(fmt), fmt.nbytes(n)
-    wire, values = ("uint8", (nbytes,)), ("bfloat16", (n,))
-    return {
-        "encode": Program("encode", name, lambda x: gpu.encode(x, fmt, interpret=interpret),
-                          (values,), 2 * n + nbytes),
-        "decode": Program("decode", name, lambda w: gpu.decode(
-            w, fmt, n, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
-        "hop": Program("hop", name, lambda w, x: gpu.hop(w, x, fmt, interpret=interpret),
-                       (wire, values), 2 * nbytes + 2 * n),
-    }
-
-
-def _gpu_codes(fmt: Format) -> bool:
-    from ..kernels.gpu import supports  # Pallas loads only here
-
-    return supports(fmt) is None
+    return {} if gpu.supports(fmt) else _kernel_programs(gpu, fmt, n, None, interpret)
 
 
 def _values(mib: int) -> int:
@@ -206,9 +200,9 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
                 "pallas": functools.partial(kernel_programs, interpret=None),
                 "gpu": functools.partial(gpu_programs, interpret=None)}[path]
         for name in formats:
-            if path == "gpu" and not _gpu_codes(Format.parse(name)):
-                continue  # the GPU codec codes 8-bit and 4-bit formats only
             by_name = make(Format.parse(name), n)
+            if not by_name:
+                continue  # a format the GPU codec does not code
             values = x.reshape(by_name["encode"].args[0][1])  # flat, or the kernels' rows
             wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(values))  # real messages
             for prog in by_name.values():
