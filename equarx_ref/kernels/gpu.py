@@ -27,8 +27,8 @@ reduction over the 2), and unpack through the broadcast of `decode_elements(from
 the same values as the wire path's concatenation, which has no Triton lowering. Widths whose
 groups span 3 bytes (6-bit) have no power-of-two shape and are refused. Two of jax's lowering
 rules for Triton are missing for what the rule uses, so `_lowering_rules` adds them, only where
-jax has none (`_jax_private.py` lists the names): `round` (nearest, by one addition) and a
-`stack` of one array (an added axis).
+jax has none (`_jax_private.py` lists the names): `round` (ties to even by one addition, ties
+away from zero from `floor`) and a `stack` of one array (an added axis).
 
 Triton's float semantics differ from XLA's in two ways the rule met, both found on an H100
 (tests/test_gpu_codec.py evaluates the kernels' bodies with Triton's semantics on the CPU, so
@@ -38,25 +38,24 @@ and `minnumf`, which drop a NaN, so a non-finite block decoded to 3.4e38: the de
 saturates by comparisons (`_decode_values`), where `scales.apply_scale` keeps its clip (XLA:TPU
 counted 1.8x the bytes for a 4-bit decode with the comparisons).
 
-Measured on an NVIDIA H100 80GB HBM3 (jax 0.11.2, 2^28 bf16 values, medians of round-robin
-calls in one run, against `x + 1` and a bf16 `a + b` in the same run; three runs on three
-machines): a tile of 64 blocks on 2 warps was the fastest of 16 (16-128 blocks x 1-8 warps;
-1024 blocks ran 10x slower; a later sweep with the one-addition round had 32x1, 64x4 and 128x4
-within 4% of it, inside the runs' spread). int8 encode 0.78 / 0.98 ms, 56% / 50% of the
-copy's bandwidth (the XLA codec: 1.27 ms, 38-39%); decode 94% (XLA: 68%); a hop 0.96 / 1.11
-ms, 1.65x / 1.83x `a + b` (XLA: 2.8-3.2x); mxfp8 encode 61% / 54%. A naive quantizer in the
-same kernel shape (absmax / 127, round, no exactness rule) took 0.56-0.60 ms, 73-78%: the
-exact rule costs about 1.5x here, in arithmetic (the scale bytes' stores cost nothing
-measurable), so operations per element are what to save: `round` as one addition
-(`_round_half_even`) instead of two floors took, side by side on the third machine, int8
-encode 0.99 -> 0.94 ms and its hop 1.15 -> 1.08 ms (1.46x -> 1.37x `a + b`), fp8_e4m3
-1.11 -> 1.01 and 1.41 -> 1.29 ms, mxfp8 0.93 -> 0.85 and 1.21 -> 1.10 ms (one PTX `cvt.rni`
-instead of the floors had gained nothing, in an earlier run). So a hop meets 1.5x `a + b` for int8
-and mxfp8, not for fp8_e4m3 (1.64x), and encode stays short of 60% of a copy (int8 47%,
-mxfp8 51-53% on that machine, whose copy ran at 1.9 TB/s). The 4-bit formats, on a fourth
-machine (`equarx-ref bench --mib 512`, copy 1.9 TB/s): int4 encode 39% of a copy, decode
-71%, a hop 1.44x `a + b` (the XLA codec's: 2.62x); mxfp4 41%, 76%, 1.46x (XLA: 2.94x); int8
-in the same run 46%, 75%, 1.47x.
+Measured on an NVIDIA H100 80GB HBM3 (jax 0.11.2, 2^28 bf16 values, medians of round-robin calls
+in one run, against `x + 1` and a bf16 `a + b` in the same run; runs on four machines, each
+against its own baselines): a tile of 64 blocks on 2 warps was the fastest of 16 (16-128 blocks
+x 1-8 warps; 1024 blocks ran 10x slower; a later sweep with the one-addition round had 32x1,
+64x4 and 128x4 within 4% of it, inside the runs' spread). int8 encode 0.78 / 0.98 ms, 56% / 50%
+of the copy's bandwidth (the XLA codec: 1.27 ms, 38-39%); decode 94% (XLA: 68%); a hop 0.96 /
+1.11 ms, 1.65x / 1.83x `a + b` (XLA: 2.8-3.2x); mxfp8 encode 61% / 54%. A naive quantizer in the
+same kernel shape (absmax / 127, round, no exactness rule) took 0.56-0.60 ms, 73-78%: the exact
+rule costs about 1.5x here, in arithmetic (the scale bytes' stores cost nothing measurable), so
+operations per element are what to save: `round` as one addition (`_round_half_even`) instead of
+two floors took, side by side on the third machine, int8 encode 0.99 -> 0.94 ms and its hop 1.15
+-> 1.08 ms (1.46x -> 1.37x `a + b`), fp8_e4m3 1.11 -> 1.01 and 1.41 -> 1.29 ms, mxfp8 0.93 ->
+0.85 and 1.21 -> 1.10 ms (one PTX `cvt.rni` instead of the floors had gained nothing, in an
+earlier run). So a hop meets 1.5x `a + b` for int8 and mxfp8, not for fp8_e4m3 (1.64x), and
+encode stays short of 60% of a copy (int8 47%, mxfp8 51-53% on that machine, whose copy ran at
+1.9 TB/s). The 4-bit formats, on a fourth machine (`equarx-ref bench --mib 512`, copy 1.9 TB/s):
+int4 encode 39% of a copy, decode 71%, a hop 1.44x `a + b` (the XLA codec's: 2.62x); mxfp4 41%,
+76%, 1.46x (XLA: 2.94x); int8 in the same run 46%, 75%, 1.47x.
 
 What this does not claim: no other GPU has run these kernels; the figures are the closing
 notes' and this essay's, not a stored result.
