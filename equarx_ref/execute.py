@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .models.hops import HopPlan
-from .quantize import zero_subnormals
+from .quantize import rank_order_sum, zero_subnormals
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
@@ -110,20 +110,31 @@ def _lanes(values: jax.Array, codec) -> jax.Array:
         else values
 
 
-def _rank_order_sum(parts: jax.Array, exact_zero=lambda v: v) -> jax.Array:
-    """parts[0] + parts[1] + ... in rank order: the same additions on every device (each
-    partial sum passed through `exact_zero`: `_Held.settle`)."""
-    total = parts[0]
-    for r in range(1, parts.shape[0]):
-        total = exact_zero(total + parts[r])
-    return total
+class _Rows:
+    """Rows `start .. start + count` of a held array `[chunks, ...]` (`start` traced), not cut
+    out yet: a codec's fused hop reads them where they lie (`RowCodec.hop_at`). XLA:TPU writes
+    a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring that was
+    a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1, `runs/tpu_bytes.py`)."""
+
+    def __init__(self, source: jax.Array, start, count: int):
+        self.source, self.start = source, start
+        self.shape = (count, math.prod(source.shape[1:]))
+
+    def cut(self) -> jax.Array:
+        return lax.dynamic_slice_in_dim(self.source, self.start, self.shape[0]).reshape(
+            self.shape)
+
+
+def _cut(local):
+    return local.cut() if isinstance(local, _Rows) else local
 
 
 class _Sum:
-    """A partial sum not computed yet, in f32: a ring hop's decode(message) + local, or, with
-    no local, two-shot's p received messages `[p, ...]` decoded and added in rank order. The
-    codec's fused step (`RowCodec.hop`, `RowCodec.reduce`) sends it onwards in one pass when
-    the next step sends exactly it; anything else reads its values (`_Held.rows`)."""
+    """A partial sum not computed yet, in f32: a ring hop's decode(message) + local (an array
+    or `_Rows`), or, with no local, two-shot's p received messages `[p, ...]` decoded and
+    added in rank order. The codec's fused step (`RowCodec.hop`, `RowCodec.reduce`) sends it
+    onwards in one pass when the next step sends exactly it; anything else reads its values
+    (`_Held.rows`)."""
 
     def __init__(self, message: jax.Array, local: jax.Array | None, codec):
         self.message, self.local, self.codec = message, local, codec
@@ -154,6 +165,23 @@ class _Held:
 
     def raw(self, chunks_of) -> jax.Array:
         """`rows` as they are held: an input row in its own dtype, a sum in f32."""
+        out = [lax.dynamic_slice_in_dim(self.values(src), _table(first)[self.me],
+                                        size).reshape(size, self.m)
+               for src, first, size in self._runs(chunks_of)]
+        return out[0] if len(out) == 1 else jnp.concatenate(out)
+
+    def lazy(self, chunks_of) -> _Rows | jax.Array:
+        """`raw`, as `_Rows` of the array that holds them where that is one array already
+        computed (the input, or a sum), else cut out."""
+        runs = self._runs(chunks_of)
+        if len(runs) == 1 and not isinstance(self.sources[runs[0][0]], _Sum):
+            src, first, size = runs[0]
+            return _Rows(self.sources[src], _table(first)[self.me], size)
+        return self.raw(chunks_of)
+
+    def _runs(self, chunks_of) -> list:
+        """The chunks `chunks_of(d)` names, as runs of consecutive rows of one source, each
+        `[source, [first row on device d for each d], rows]`."""
         wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
         parts = []
         for i in range(len(wanted[0])):  # runs of consecutive rows of one source
@@ -165,20 +193,18 @@ class _Held:
             if any(w[i][0] != src for w in wanted):
                 raise ValueError("the schedule reads different sources on different devices")
             parts.append([src, [w[i][1] for w in wanted], 1])
-        out = [lax.dynamic_slice_in_dim(self._values(src), _table(first)[self.me],
-                                        size).reshape(size, self.m)
-               for src, first, size in parts]
-        return out[0] if len(out) == 1 else jnp.concatenate(out)
+        return parts
 
-    def _values(self, src: int) -> jax.Array:
+    def values(self, src: int) -> jax.Array:
+        """Source `src`'s values, a pending sum computed here (once, then held)."""
         held = self.sources[src]
         if isinstance(held, _Sum) and held.local is None:  # computed where it is read, once
             got = _lanes(held.codec.decode(held.message, self.m), held.codec)
-            held = self.sources[src] = _rank_order_sum(got, self.settle)[None]
+            held = self.sources[src] = rank_order_sum(got, self.settle)[None]
         elif isinstance(held, _Sum):
             count, m = held.local.shape
             got = held.codec.decode(held.message, count * m).reshape(count, m)
-            held = self.sources[src] = got + self.settle(held.local.astype(self.acc))
+            held = self.sources[src] = got + self.settle(_cut(held.local).astype(self.acc))
         return held
 
     def send(self, chunks_of, codec, key, *, flat: bool = False) -> jax.Array:
@@ -193,6 +219,11 @@ class _Held:
             return out[0] if len(out) == 1 else jnp.concatenate(out)
         # the kernels take the values as they are held (their quantizer reads a subnormal
         # as a zero of its sign itself): no f32 copy of an input chunk
+        if codec.reads_raw and key is None and codec.fuses(self.m):
+            values = self.lazy(chunks_of)
+            if isinstance(values, _Rows) and (values.shape[0] == 1 or not flat):
+                message = codec.encode_at(values.source, values.start, values.shape[0])
+                return message[0] if flat else message
         values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
 
@@ -201,7 +232,12 @@ class _Held:
         if held.local is None:  # two-shot: p messages in, their sum's message out
             message = held.codec.reduce(held.message, self.m)
             return message if flat else message[None]
-        return held.codec.hop(held.message, held.local.reshape(-1) if flat else held.local)
+        if isinstance(held.local, _Rows) and held.codec.fuses(self.m):
+            rows = held.local
+            message = held.codec.hop_at(held.message, rows.source, rows.start, rows.shape[0])
+            return message.reshape(-1, message.shape[-1]) if flat else message
+        local = _cut(held.local)
+        return held.codec.hop(held.message, local.reshape(-1) if flat else local)
 
     def _pending(self, wanted, codec) -> list[_Sum] | None:
         """The pending sums of `codec` that `wanted` reads whole, one after another (on every
@@ -251,7 +287,7 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             buf = held.send(by_src.__getitem__, codec, key, flat=True)
             buf = lax.ppermute(buf, group, [(t.src, t.dst) for t in step.transfers])
             if codec.fuses(count * m):  # the sum stays lazy
-                held.store(_Sum(buf, held.raw(by_dst.__getitem__), codec), by_dst.__getitem__)
+                held.store(_Sum(buf, held.lazy(by_dst.__getitem__), codec), by_dst.__getitem__)
             else:
                 got = codec.decode(buf, count * m).reshape(count, m)
                 held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
@@ -262,7 +298,7 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             got = typed_all_gather(held.send(everything, codec, key), axes[step.axis],
                                    wire.mesh_axes, axis=0)
             # the same sums on every device
-            held.store(_rank_order_sum(_lanes(codec.decode(got, m), codec), held.settle),
+            held.store(rank_order_sum(_lanes(codec.decode(got, m), codec), held.settle),
                        everything)
         else:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
@@ -281,16 +317,14 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax
     for step in (s for s in sched.steps if s.phase == "gather"):
         buf = typed_all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
     # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
-    # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j.
-    # The rows are put in chunk order as bytes, before decoding: decoding int4 into a
-    # transposed order took 1.8x as long as into rows in place (16M values, XLA:CPU).
+    # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j,
+    # decoded in chunk order (the Mosaic codec reads each message where it lies)
     buf = buf.reshape(p * k, *message)
-    if owned == [[d + p * j for j in range(k)] for d in range(p)]:  # a transpose, or nothing
-        buf = buf.reshape(p, k, *message).swapaxes(0, 1).reshape(p * k, *message)
-    else:
-        order = [c for d in range(p) for c in owned[d]]
-        buf = jnp.take(buf, _table(sorted(range(len(order)), key=order.__getitem__)), axis=0)
-    return codec.decode(buf, m, dtype)
+    chunks = [c for d in range(p) for c in owned[d]]  # the chunk of each gathered message
+    order = sorted(range(p * k), key=chunks.__getitem__)  # the message of each chunk
+    if order == list(range(p * k)):
+        return codec.decode(buf, m, dtype)
+    return codec.decode_in_order(buf, m, dtype, order)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9, 10))
@@ -323,7 +357,7 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
                      wire.default.acc, me, fmt is not None)
         _reduce_phase(sched, held, wire, axes)
         part = _gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
-                             x.dtype) if gathers else held.sources[-1]
+                             x.dtype) if gathers else held.values(-1)
         parts.append(part if unit == 1 else part.reshape(part.shape[0], -1, unit))
     out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]  # as `chunks`
     if rotate:  # once, at the end, on the same decoded values on every device

@@ -96,7 +96,7 @@ from .elements import decode_elements, encode_elements, pack_codes
 from .formats import Format
 from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split, split_up
 
-__all__ = ["Quantized", "dequantize", "quantize", "zero_subnormals"]
+__all__ = ["Quantized", "dequantize", "quantize", "rank_order_sum", "zero_subnormals"]
 
 
 @jax.tree_util.register_dataclass
@@ -345,6 +345,16 @@ def zero_subnormals(x: jax.Array) -> jax.Array:
     bits = lax.bitcast_convert_type(x, jnp.int32)
     return jnp.where((bits & 0x7F800000) == 0,
                      lax.bitcast_convert_type(bits & ~0x7FFFFFFF, jnp.float32), x)
+
+
+def rank_order_sum(parts, settle=lambda v: v) -> jax.Array:
+    """parts[0] + parts[1] + ... in rank order, each partial sum passed through `settle`
+    (`zero_subnormals` where the collectives add f32): the same additions on every device and
+    backend, whether `parts` is an array `[p, ...]` or a list (a kernel's decoded tiles)."""
+    total = parts[0]
+    for r in range(1, len(parts)):
+        total = settle(total + parts[r])
+    return total
 
 
 def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Array]:

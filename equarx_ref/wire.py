@@ -216,6 +216,20 @@ class Codec:
             decode_raw(buf, self.dtype, m, mosaic=self.mosaic)
         return values.astype(dtype or self.acc)
 
+    def decode_in_order(self, buf: jax.Array, m: int, dtype, order) -> jax.Array:
+        """Messages `buf` `[count, bytes]` of `m` values each, decoded in `order` (a static
+        permutation of their indices): `decode(buf[order])`. The bytes are put in order
+        before decoding, by a transpose where `order` reads a `[a, count / a]` grid by
+        columns: decoding int4 into a transposed order took 1.8x as long as into rows in place
+        (16M values, XLA:CPU)."""
+        count, order = len(order), list(order)
+        for a in range(2, count):
+            if count % a == 0 and order == [(c % a) * (count // a) + c // a
+                                            for c in range(count)]:
+                grid = buf.reshape(a, count // a, *buf.shape[1:]).swapaxes(0, 1)
+                return self.decode(grid.reshape(buf.shape), m, dtype)
+        return self.decode(jnp.take(buf, jnp.asarray(order, jnp.int32), axis=0), m, dtype)
+
     def nbytes(self, m: int) -> int:
         return encoded_bytes(m, self.fmt, self.dtype)
 

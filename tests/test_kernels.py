@@ -334,3 +334,61 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     x = np.array(jax.random.normal(jax.random.key(5), (2, 64)))
     got, want, log = _both(x, fmt=eq.Format.int8(), algorithm="ring", num_chunks=1)
     assert log.count == 0 and np.array_equal(_bits(got), _bits(want)), _explain(got, want)
+
+
+@pytest.mark.parametrize("name", ["int8", "mxfp4"])
+def test_mosaic_codec_reads_rows_where_they_lie(name):
+    """`first_row` (a traced index): encode and hop read their rows out of a larger array, and
+    `order`: decode reads gathered messages in result order, each the same bytes and values as
+    the slice, or the permuted messages, handed over whole (interpret mode)."""
+    from equarx_ref.kernels import codec
+
+    fmt = eq.Format.parse(name)
+    m = codec.TILE_BLOCKS * fmt.block_size  # rows of 128 blocks: the values travel lane-dense
+    k1, k2 = jax.random.split(jax.random.key(7))
+    source = (jax.random.normal(k1, (32, m)) * jnp.logspace(-3, 3, 32)[:, None]
+              ).astype(jnp.bfloat16)  # 4 messages of 8 rows
+    wire = encode(jax.random.normal(k2, (8, m)), fmt)
+    at = jax.jit(lambda s, w, i: (codec.encode(s, fmt, rows=8, first_row=i),
+                                  codec.hop(w, s, fmt, first_row=i),
+                                  codec.hop(w, s, fmt, first_row=(i // 8, 8))))  # row i/8 x 8
+    for i in (0, 16, 24):
+        got_encode, got_hop, got_pair = at(source, wire, jnp.int32(i))
+        assert np.array_equal(got_encode, encode(source[i:i + 8], fmt)), i
+        assert np.array_equal(got_hop, kernels.hop_reference(wire, source[i:i + 8], fmt)), i
+        assert np.array_equal(got_pair, got_hop), i
+    messages = encode(source, fmt)
+    order = (2, 0, 3, 1)
+    want = decode(messages.reshape(4, 8, -1)[np.array(order)].reshape(32, -1), fmt, m)
+    assert np.array_equal(codec.decode(messages, fmt, m, order=order), want)
+    with pytest.raises(ValueError, match="order must permute whole messages"):
+        codec.decode(messages, fmt, m, order=(0, 1, 1, 2))
+    with pytest.raises(ValueError, match="rows= and first_row= together"):
+        codec.encode(source, fmt, rows=8)
+
+
+def test_row_codec_in_place_steps_match_the_cut_ones():
+    """`RowCodec.encode_at`, `hop_at` and `decode_in_order` with the kernels (interpret mode):
+    the bytes and values of the steps they stand for, on a slice cut out first; and the XLA
+    codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted bytes."""
+    from equarx_ref.kernels import codec
+    from equarx_ref.wire import Codec
+
+    fmt = eq.Format.int8()
+    m = 8 * codec.TILE_BLOCKS * fmt.block_size  # a message of 8 rows of 128 blocks
+    source = jax.random.normal(jax.random.key(8), (4, m // 128, 128)).astype(jnp.bfloat16)
+    kernel = codec.RowCodec(fmt, jnp.bfloat16, interpret=True)
+    start = jnp.int32(2)
+    cut = source[2:3].reshape(1, m)
+    message = kernel.encode_at(source, start, 1)
+    assert np.array_equal(message, kernel.encode(cut))
+    assert np.array_equal(kernel.hop_at(message, source, start, 1), kernel.hop(message, cut))
+    gathered = jnp.stack([kernel.encode(source[c].reshape(1, m))[0] for c in range(4)])
+    order = (1, 3, 0, 2)
+    want = kernel.decode(gathered[np.array(order)], m)
+    assert np.array_equal(kernel.decode_in_order(gathered, m, None, order), want)
+    xla = Codec(fmt, jnp.bfloat16)
+    flat = xla.encode(source.reshape(4, m).astype(jnp.float32))
+    for order in ((0, 2, 1, 3), (3, 1, 2, 0)):  # a transpose of [2, 2], and a gather
+        assert np.array_equal(xla.decode_in_order(flat, m, None, order),
+                              xla.decode(flat[np.array(order)], m))

@@ -317,22 +317,20 @@ TODAY = {  # topology: {format: ratios in the order of TODAY_COLUMNS}
     },
 }
 TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
-#: `all_reduce(impl="mosaic")` over psum (path "pallas": the kernels' declared bytes plus the
-#: XLA ops around them), measured 2026-11-27 with libtpu 0.0.42.1 at 1/4 MiB, the same on v5e
-#: and v6e: (ring, bidir_ring, two_shot). Before the kernels read values as rows of 128 and
-#: two-shot's reduce became one kernel: int8 (6.79, 9.50, 13.66), int4 (5.97, 8.42, 12.88).
-TODAY_MOSAIC = {"int8": (3.80, 4.53, 2.66), "int4": (2.97, 3.42, 1.88),
-                "fp8_e4m3": (3.80, 4.53, 2.66), "mxfp8": (3.77, 4.50, 2.64),
-                "mxfp4": (2.94, 3.39, 1.85)}
+#: `all_reduce(impl="mosaic")` (path "pallas": the kernels' declared bytes plus the XLA ops
+#: around them) is held to the 3x target itself. Its history over psum, (ring, bidir_ring,
+#: two_shot) at 1/4 MiB, libtpu 0.0.42.1, the same on v5e and v6e: int8 (6.79, 9.50, 13.66) at
+#: first; (3.80, 4.53, 2.66) once the kernels read values as rows of 128 and two-shot's reduce
+#: became one kernel; (2.79, 2.97, 2.66) once they read their chunk of the input in place.
 
 
 @needs_libtpu
 @pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
 def test_codec_bytes_accessed_held_to_today(topology):
     """Issue 29: the codec must move near its fewest bytes. Asserted: the Mosaic codec's
-    kernels (path "pallas") meet the 2x target for encode, decode and hop of every bench format;
-    `x + 1` costs its fewest bytes (<= 1.1x), psum its 4n; and no AllReduce's ratio (the XLA
-    path's, or impl="mosaic"'s) and no XLA-path codec ratio grows more than 10% over today's
+    kernels (path "pallas") meet the 2x target for encode, decode and hop of every bench format,
+    and every AllReduce on them (impl="mosaic") the 3x target over psum; `x + 1` costs its
+    fewest bytes (<= 1.1x), psum its 4n; and no XLA-path ratio grows more than 10% over today's
     (regression bounds, not goals: they miss the target, printed beside each figure)."""
     from equarx_ref.runs import tpu_bytes
 
@@ -347,11 +345,8 @@ def test_codec_bytes_accessed_held_to_today(topology):
         met.append(f"{path} {program} {r['format']}: {ratio:.1f}x "
                    f"{'meets' if ratio <= target else 'misses'} the {target:g}x target")
         today = dict(zip(TODAY_COLUMNS, TODAY[topology].get(r["format"], ()), strict=False))
-        if path == "pallas" and "program" in r:
-            bound = tpu_bytes.TARGET
-        elif path == "pallas":
-            bound = 1.1 * dict(zip(TODAY_COLUMNS[3:], TODAY_MOSAIC[r["format"]],
-                                   strict=True))[program]
+        if path == "pallas":
+            bound = target
         else:
             bound = 1.1 * today.get(program, 1.0)
         if not ratio <= bound:
@@ -365,5 +360,6 @@ def test_codec_bytes_accessed_held_to_today(topology):
     plain = next(r for r in report["codec"] if r["program"] == "x + 1")
     psum = next(r for r in report["all_reduce"] if r["algorithm"] == "psum")
     assert plain["ratio"] <= 1.1 and psum["ratio"] <= 1.1, (plain, psum)
-    assert not worse, (f"{topology}: a kernel missed the 2x target, or the XLA path's bytes "
-                       f"accessed grew past today's +10%: {worse}")
+    assert not worse, (f"{topology}: a kernel program missed the 2x target, an AllReduce on the "
+                       f"kernels the 3x, or the XLA path's bytes accessed grew past today's "
+                       f"+10%: {worse}")

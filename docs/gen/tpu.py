@@ -42,7 +42,7 @@ def all_reduce_table(report: dict) -> str:
             key = (r["topology"], r["format"], r.get("path", "xla"))
             cells.setdefault(key, {})[r["algorithm"]] = r["to_psum"]
     return table(["topology", "format", "path", *algorithms],
-                 [[t, f"`{f}`", path, *(f"{by[a]:.1f}x" for a in algorithms)]
+                 [[t, f"`{f}`", path, *(f"{by[a]:.2f}x" for a in algorithms)]
                   for (t, f, path), by in cells.items()])
 
 

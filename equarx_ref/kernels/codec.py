@@ -42,6 +42,17 @@ cannot lay out). With the executor holding its input the same way (`RowCodec.den
 cut `all_reduce(impl="mosaic")`'s int8 ring from 6.8x psum's bytes to 3.8x (libtpu 0.0.42.1,
 v5e, 1/4 MiB), and two-shot from 13.7x to 2.7x with its reduce step as one kernel.
 
+Operands are read where they lie. A ring hop adds this device's chunk of the input, at a row
+that depends on the device; cut out by a dynamic slice, the chunk is written to HBM before a
+kernel can read it (a custom call cannot fuse a slice), 1x psum's bytes over a ring. So
+`encode` and `hop` take the whole input and the first row (`first_row`, a scalar the index
+maps read: `PrefetchScalarGridSpec`), and `decode` takes gathered messages with the order to
+read them in (`order`) where the bidirectional ring transposed their bytes first (0.5x). XLA's
+memory-space assignment then staged the whole input in VMEM before the hops, a copy as large
+as the slices, unless the operand is pinned to HBM (`with_memory_space_constraint`). With
+both, the int8 ring came to 2.8x psum's bytes and the bidirectional ring to 3.0x (from 3.8x
+and 4.5x; libtpu 0.0.42.1, v5e, 1/4 MiB, `runs/tpu_bytes.py`'s count).
+
 What this does not claim: the kernels compile for v5e and v6e (libtpu, from this CPU machine;
 `equarx-ref kernels --compile`, family "codec": the `FORMATS` below, not the bit-packed odd
 widths, whose packing Mosaic refuses as an unsupported shape cast), and their HBM bytes are the
@@ -65,7 +76,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._checks import array, count, value_dtype
 from ..formats import Format
-from ..quantize import zero_subnormals
+from ..quantize import rank_order_sum, zero_subnormals
 from ..wire import Codec
 from . import backend
 from .hop import wire_codec
@@ -127,47 +138,97 @@ def _dense(tile: tuple[int, int], m: int) -> bool:
 
 
 def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype, interpret,
-          *operands):
+          *operands, first_row=None, message_rows=None, order=None):
     """The kernel over groups of `tile[0]` rows (a leading axis) and tiles along the row.
     `kinds` names each operand ("v": values `[rows, m]`, "w": wire bytes `[rows, nbytes(m)]`,
     "p": p such messages `[p, rows, nbytes(m)]`) and `out_kind` the result; values travel
     lane-dense where `_dense` says so, and a body reshapes a values tile to `tile` itself. The
     kernel declares what its grid moves, each block once, as its cost (`pl.CostEstimate`):
-    XLA:TPU's count takes that figure for the kernel, and so does `hlo_memory.kernel_io`."""
-    rows, cols = tile
-    groups = operands[0].shape[-2] // rows
-    dense = _dense(tile, m)
+    XLA:TPU's count takes that figure for the kernel, and so does `hlo_memory.kernel_io`.
 
-    def shaped(kind):  # an operand's (shape, block shape, index map), grouped
+    With `first_row` (`(i, r)`: row i * r, i traced, a multiple of `tile[0]`), a values operand
+    may hold more rows than the message (`message_rows`, else the first operand's): the kernel
+    reads the message's rows from there on, where they lie (i is a prefetched scalar, and the
+    index map's arithmetic runs in the kernel, outside XLA's count), so no slice of it is cut
+    out first. That operand is kept in HBM
+    (`with_memory_space_constraint`): XLA's memory-space assignment staged a whole ring's input
+    in VMEM otherwise, a copy as large as the slices it saves (libtpu 0.0.42.1).
+
+    With `order` (message indices, one per message of the result), a wire operand of
+    `len(order)` messages is read message `order[i]` for the result's message i: the
+    gathered messages decoded in result order, with no transposed copy of their bytes."""
+    rows, cols = tile
+    groups = (message_rows or operands[0].shape[-2]) // rows
+    dense = _dense(tile, m)
+    per = None if order is None else groups // len(order)  # groups a message
+
+    def group(g, at, kind):  # the group of an operand that grid step g reads
+        if kind == "v" and first_row is not None:
+            unit = first_row[1]
+            return g + (at[0][0] * (unit // rows) if unit % rows == 0 else
+                        at[0][0] * unit // rows)
+        if kind == "w" and order is not None:
+            return at[0][g // per] * per + g % per
+        return g
+
+    def shaped(kind, op=None, read=False):  # (shape, block shape, index map), grouped
         if kind == "p":  # p messages, one after another: [p, rows, nbytes(m)]
             p = operands[0].shape[0]
             return ((p, groups, rows, fmt.nbytes(m)), (p, None, rows, fmt.nbytes(cols)),
-                    lambda g, j: (0, g, 0, j))
+                    lambda g, j, *at: (0, g, 0, j))
         if kind == "w":
             return ((groups, rows, fmt.nbytes(m)), (None, rows, fmt.nbytes(cols)),
-                    lambda g, j: (g, 0, j))
+                    lambda g, j, *at: (group(g, at, kind) if read else g, 0, j))
+        held = groups if op is None else op.size // (rows * m)  # groups the operand holds
         if dense:
-            return ((groups, rows * m // 128, 128), (None, rows * cols // 128, 128),
-                    lambda g, j: (g, 0, 0))
-        return (groups, rows, m), (None, rows, cols), lambda g, j: (g, 0, j)
+            return ((held, rows * m // 128, 128), (None, rows * cols // 128, 128),
+                    lambda g, j, *at: (group(g, at, kind) if read else g, 0, 0))
+        return ((held, rows, m), (None, rows, cols),
+                lambda g, j, *at: (group(g, at, kind) if read else g, 0, j))
 
-    grouped = [op.reshape(shaped(kind)[0]) for kind, op in zip(kinds, operands, strict=True)]
+    grouped = [op.reshape(shaped(kind, op)[0])
+               for kind, op in zip(kinds, operands, strict=True)]
     varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
     out_shape, *out_spec = shaped(out_kind)
     block_bytes = [math.prod(filter(None, shaped(kind)[1])) * jnp.dtype(dtype).itemsize
                    for kind, dtype in
                    (*zip(kinds, (op.dtype for op in operands), strict=True),
                     (out_kind, out_dtype))]
+    specs = {"grid": (groups, m // cols),
+             "in_specs": [pl.BlockSpec(*shaped(kind, read=True)[1:]) for kind in kinds],
+             "out_specs": pl.BlockSpec(*out_spec)}
+    interpret = backend.interpret_params(interpret)
+    prefetched = ()
+    if first_row is not None:  # the values' first group, read by the index maps
+        prefetched = (jnp.asarray(first_row[0], jnp.int32).reshape(1),)
+        if interpret is False:  # a compiler's placement (no interpreter runs the constraint)
+            grouped = [pltpu.with_memory_space_constraint(op, pltpu.HBM) if kind == "v" else op
+                       for kind, op in zip(kinds, grouped, strict=True)]
+    elif order is not None:  # the message each result message reads
+        prefetched = (jnp.asarray(order, jnp.int32),)
+    if prefetched:
+        specs = {"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **specs)}
+        body = functools.partial(_skip_first, body)
     out = pl.pallas_call(
-        body, grid=(groups, m // cols),
-        in_specs=[pl.BlockSpec(*shaped(kind)[1:]) for kind in kinds],
-        out_specs=pl.BlockSpec(*out_spec),
+        body, **specs,
         out_shape=backend.result_type(out_shape, out_dtype, varying),
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
         cost_estimate=pl.CostEstimate(flops=0, transcendentals=0,
                                       bytes_accessed=groups * (m // cols) * sum(block_bytes)),
-        interpret=backend.interpret_params(interpret))(*grouped)
+        interpret=interpret)(*prefetched, *grouped)
     return out.reshape(groups * rows, -1)
+
+
+def _row_pair(first_row):
+    """`first_row` as `(i, r)`, row i * r."""
+    if first_row is None or isinstance(first_row, tuple):
+        return first_row
+    return first_row, 1
+
+
+def _skip_first(body, _prefetched_ref, *refs):
+    """A body under prefetched scalars: the index maps read them, the body does not."""
+    return body(*refs)
 
 
 def _values(x, name: str) -> jax.Array:
@@ -222,31 +283,41 @@ def _reduce_tile(codec, cols: int, messages):
     """Two-shot's reduce on one tile: p messages in, added in rank order in f32 (each partial
     sum's subnormals read as zeros of their sign; a decoded value is never subnormal), the
     sum's message out."""
-    total = codec.decode(messages[0], cols)
-    for message in messages[1:]:
-        total = zero_subnormals(total + codec.decode(message, cols))
-    return codec.encode(total)
+    return codec.encode(rank_order_sum([codec.decode(m, cols) for m in messages],
+                                       zero_subnormals))
 
 
 def _reduce_body(codec, tile, wire_ref, out_ref):
     out_ref[...] = _reduce_tile(codec, tile[1], [wire_ref[r] for r in range(wire_ref.shape[0])])
 
 
-def encode(x, fmt: Format, *, block_cols: int | None = None, interpret=None) -> jax.Array:
+def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
+           block_cols: int | None = None, interpret=None) -> jax.Array:
     """Values `[rows, m]` (m whole blocks; up to 8 rows, or a multiple of 8) -> uint8
-    `[rows, fmt.nbytes(m)]`, each row `wire.encode`'s bytes (round to nearest). `block_cols`:
-    values of a tile's row. `interpret` as `fused_hop`: None runs natively on a TPU, in TPU
-    interpret mode elsewhere."""
+    `[rows, fmt.nbytes(m)]`, each row `wire.encode`'s bytes (round to nearest). With `rows`
+    and `first_row` (an index, traced or not, or `(i, r)` for row i * r; a multiple of the
+    tile's rows), x may hold more rows: the kernel encodes `rows` rows from there, where they
+    lie. `block_cols`: values of a tile's row. `interpret` as `fused_hop`: None runs natively
+    on a TPU, in TPU interpret mode elsewhere."""
     fmt, x = _format(fmt), _values(x, "x")
-    rows, m = x.shape
+    m = x.shape[1]
+    if (rows is None) != (first_row is None):
+        raise ValueError("encode takes rows= and first_row= together, or neither")
+    rows = x.shape[0] if rows is None else count(rows, "rows")
     tile = _tile(rows, m, fmt, block_cols)
+    if first_row is not None and x.shape[0] % tile[0]:
+        raise ValueError(f"x holds {x.shape[0]} rows, not whole tiles of {tile[0]}")
     return _call(functools.partial(_encode_body, wire_codec(fmt, x.dtype), tile), fmt, tile, m,
-                 "v", "w", jnp.uint8, interpret, x)
+                 "v", "w", jnp.uint8, interpret, x, first_row=_row_pair(first_row),
+                 message_rows=rows)
 
 
-def decode(wire, fmt: Format, m: int, dtype="float32", *, block_cols: int | None = None,
-           interpret=None) -> jax.Array:
-    """uint8 `[rows, fmt.nbytes(m)]` -> `dtype` `[rows, m]`: `wire.decode` of each row."""
+def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None,
+           block_cols: int | None = None, interpret=None) -> jax.Array:
+    """uint8 `[rows, fmt.nbytes(m)]` -> `dtype` `[rows, m]`: `wire.decode` of each row. With
+    `order` (a permutation of message indices; a message is `rows / len(order)` rows, whole
+    tiles of 8), the result's message i is the decode of message `order[i]`, read where it
+    lies."""
     fmt, dtype = _format(fmt), value_dtype(dtype)
     count(m, "m")
     w = array(wire, "wire")
@@ -254,23 +325,33 @@ def decode(wire, fmt: Format, m: int, dtype="float32", *, block_cols: int | None
         raise ValueError(f"wire must be [rows, bytes], got shape {list(w.shape)}")
     rows = w.shape[0]
     tile = _tile(rows, m, fmt, block_cols)
+    if order is not None and (sorted(order) != list(range(len(order))) or
+                              rows % (len(order) * tile[0])):
+        raise ValueError(f"order must permute whole messages of whole tiles of {tile[0]} rows: "
+                         f"{len(order)} messages of {rows} rows in all")
     w = _wire(w, fmt, rows, m, f"{m} values of {fmt} a row")
     codec = wire_codec(fmt, jnp.float32)
     return _call(functools.partial(_decode_body, codec, tile, dtype), fmt, tile, m, "w", "v",
-                 dtype, interpret, w)
+                 dtype, interpret, w, order=None if order is None else tuple(order))
 
 
-def hop(wire, local, fmt: Format, *, block_cols: int | None = None,
+def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = None,
         interpret=None) -> jax.Array:
     """One ring hop, `encode(decode(wire) + local)` with the sum in f32: wire uint8
     `[rows, fmt.nbytes(m)]` and local `[rows, m]` -> the next message, bitwise
-    `kernels.hop_reference`'s."""
+    `kernels.hop_reference`'s. With `first_row` (an index, traced or not, or `(i, r)` for row
+    i * r; a multiple of the tile's rows: of 8 when the message has 8 or more), local may hold
+    more rows, and the kernel adds the wire's count of rows from there, where they lie,
+    cutting nothing out first."""
     fmt, local = _format(fmt), _values(local, "local")
-    rows, m = local.shape
+    m = local.shape[1]
+    rows = array(wire, "wire").shape[0] if first_row is not None else local.shape[0]
     tile = _tile(rows, m, fmt, block_cols)
-    w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of local's {rows} rows")
+    if first_row is not None and local.shape[0] % tile[0]:
+        raise ValueError(f"local holds {local.shape[0]} rows, not whole tiles of {tile[0]}")
+    w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of {rows} rows")
     return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile), fmt, tile,
-                 m, "wv", "w", jnp.uint8, interpret, w, local)
+                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_row_pair(first_row))
 
 
 def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,
@@ -373,6 +454,18 @@ class RowCodec:
         v = self._decode(buf.reshape(-1, width), m // rows, dtype or self.acc)
         return v.reshape(*lead, m)
 
+    def decode_in_order(self, buf: jax.Array, m: int, dtype, order) -> jax.Array:
+        """Messages `buf` `[count, ...]` of `m` values each, decoded in `order` (a static
+        permutation): `decode(buf[order])`, `[count, m]`, each message read where it lies."""
+        rows = self._rows(m)
+        if rows is None or self.body:
+            return self.xla.decode_in_order(buf, m, dtype, order) if rows is None else \
+                self.decode(buf[jnp.asarray(order)], m, dtype)
+        width = self.fmt.nbytes(m // rows)
+        v = decode(buf.reshape(-1, width), self.fmt, m // rows, dtype or self.acc, order=order,
+                   interpret=self.interpret)
+        return v.reshape(len(order), m)
+
     #: `encode` takes a flat message in the input's own dtype: a kernel reads bf16 from HBM,
     #: half an f32 copy's bytes (`execute.py`).
     reads_raw = True
@@ -383,6 +476,31 @@ class RowCodec:
     def fuses(self, m: int) -> bool:
         """Whether `hop` runs as one kernel on messages of `m` values."""
         return self._rows(m) is not None
+
+    def encode_at(self, source: jax.Array, start, count: int) -> jax.Array:
+        """`encode(source[start:start + count])` (rows of `m` values each, `start` traced),
+        `[count, R, bytes]`, the rows read where they lie (as `hop_at`). Needs `fuses(m)`."""
+        m = math.prod(source.shape[1:])
+        rows = self._rows(m)
+        if rows is None or self.body:
+            return self.encode(lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
+        w = encode(source.reshape(-1, m // rows), self.fmt, rows=count * rows,
+                   first_row=(start, rows), interpret=self.interpret)
+        return w.reshape(count, rows, w.shape[-1])
+
+    def hop_at(self, buf: jax.Array, source: jax.Array, start, count: int) -> jax.Array:
+        """`hop(buf, source[start:start + count])` (rows of `m` values each, `start` traced),
+        `[count, R, bytes]`, with the rows read where they lie in `source`: XLA:TPU writes a
+        slice that feeds a kernel to HBM first (a custom call cannot fuse it), a whole extra
+        pass over a ring's input. Needs `fuses(m)`."""
+        m = math.prod(source.shape[1:])
+        rows = self._rows(m)
+        if rows is None or self.body:  # hop's refusal, or the body on whole messages
+            return self.hop(buf, lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
+        width = self.fmt.nbytes(m // rows)
+        w = hop(buf.reshape(-1, width), source.reshape(-1, m // rows), self.fmt,
+                first_row=(start, rows), interpret=self.interpret)
+        return w.reshape(count, rows, width)
 
     def reduce(self, buf: jax.Array, m: int) -> jax.Array:
         """Two-shot's reduce step in one pass: p messages `[p, ...]` of `m` values -> the
