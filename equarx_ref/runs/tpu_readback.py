@@ -8,6 +8,11 @@ equal); which fusions XLA:TPU scheduled inside each asynchronous transfer
 count of bytes accessed, taken apart op by op (`hlo_memory.memory_traffic`), against the HBM
 passes the time model prices. The model's time re-priced with those bytes (`priced_time`) is a
 modelled figure, never a measured one.
+
+Both implementations are read back: `impl="xla"` (the readable codec's fusions) and
+`impl="mosaic"` (the same collectives, every message coded by the Mosaic codec's kernels). A
+kernel's own traffic is what it declares it moves (`hlo_memory.kernel_io`, its blocks through
+HBM, once each), which XLA:TPU's count takes too; the tally adds it to the ops around it.
 """
 
 from __future__ import annotations
@@ -21,16 +26,19 @@ import equarx_ref as eq
 
 from ..models.cost import as_chip, phases, predicted_time
 from ..models.hlo import collective_overlap, hlo_wire_bytes
-from ..models.hlo_memory import memory_traffic
+from ..models.hlo_memory import kernel_io, memory_traffic
 from .tpu_compile import compile_all_reduce
 
 __all__ = ["READ_BACK", "format_read_back", "model_hbm_bytes", "priced_time", "read_back"]
 
-#: (algorithm, format name or None, num_chunks) that `read_back` compiles and reads.
+#: (algorithm, format name or None, num_chunks[, impl]) that `read_back` compiles and reads;
+#: impl "xla" unless named.
 READ_BACK = (("psum", None, 1), ("ring", None, 1),
              *((a, f, 1) for a in ("ring", "bidir_ring", "two_shot", "one_shot")
                for f in ("int8", "int4", "fp8_e4m3", "mxfp8")),
-             ("ring", "int8", 4))
+             ("ring", "int8", 4),
+             *((a, f, 1, "mosaic") for a in ("ring", "bidir_ring", "two_shot")
+               for f in ("int8", "int4", "fp8_e4m3", "mxfp8")))
 
 
 def model_hbm_bytes(n: int, p: int, *, fmt, algorithm: str, dtype="bfloat16",
@@ -63,35 +71,39 @@ def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
     beside the model's own, each as a speedup over the bf16 psum priced the same way."""
     chip = topology.split(":")[0]
     out = []
-    for algorithm, name, k in cases:
+    for case in cases:
+        algorithm, name, k, impl = (*case, "xla")[:4]
         fmt = None if name is None else eq.Format.parse(name)
         if progress:
-            progress(f"{topology} read back: {algorithm} {name or dtype} k={k}")
+            progress(f"{topology} read back: {algorithm} {name or dtype} k={k} {impl}")
         compiled = compile_all_reduce(topology, n=n, p=p, dtype=dtype, fmt=fmt,
-                                      algorithm=algorithm, num_chunks=k)
+                                      algorithm=algorithm, num_chunks=k, impl=impl)
         text = compiled.as_text()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         accessed = float(cost.get("bytes accessed", float("nan")))
         traffic = memory_traffic(text)
+        kernels = kernel_io(text)  # what the kernels move through HBM (0: none)
         model = model_hbm_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype, num_chunks=k)
         pairs = collective_overlap(text)
-        ratio, hbm_ratio = accessed / model, max(traffic.hbm / model, 1.0)
+        hbm = traffic.hbm + kernels
+        ratio, hbm_ratio = accessed / model, max(hbm / model, 1.0)
         times = {label: priced_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, ratio=r,
                                     dtype=dtype, num_chunks=k)
                  for label, r in (("model", 1.0), ("hbm_only", hbm_ratio), ("all", ratio))}
         out.append({
             "topology": topology, "algorithm": algorithm, "format": name or dtype,
-            "num_chunks": k, "n": n, "p": p, "dtype": jnp.dtype(dtype).name,
+            "num_chunks": k, "impl": impl, "n": n, "p": p, "dtype": jnp.dtype(dtype).name,
             "wire_bytes_hlo": sum(hlo_wire_bytes(text, p).values()),
             "wire_bytes": eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype=dtype,
                                         num_chunks=k, min_bytes=0),
             "bytes_accessed": accessed, "model_hbm_bytes": model,
             "plain_pass_bytes": 2 * n * jnp.dtype(dtype).itemsize,
             "ratio_to_model": ratio,
-            "traffic": {"tally": traffic.total, "by_kind": traffic.by_kind,
-                        "vmem": traffic.vmem, "hbm": traffic.hbm, "padding": traffic.padding},
-            "hbm_ratio_to_model": traffic.hbm / model,
+            "traffic": {"tally": traffic.total + kernels, "by_kind": traffic.by_kind,
+                        "kernels": kernels, "vmem": traffic.vmem, "hbm": hbm,
+                        "padding": traffic.padding},
+            "hbm_ratio_to_model": hbm / model,
             "seconds": times,
             "permutes": len(pairs), "max_in_flight": max((q.in_flight for q in pairs), default=0),
             "fusions_between": [len(q.between) for q in pairs],
@@ -106,7 +118,7 @@ def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
 
 def format_read_back(rows: list[dict]) -> str:
     """The read-back as a plain-text table: per topology x algorithm x format."""
-    head = (f"{'topology':9s} {'algorithm':10s} {'format':9s} k {'wire=HLO':>8s} "
+    head = (f"{'topology':9s} {'algorithm':10s} {'impl':6s} {'format':9s} k {'wire=HLO':>8s} "
             f"{'accessed':>10s} {'model':>9s} {'ratio':>6s} {'HBM part':>8s} {'VMEM':>5s} "
             f"{'permutes':>8s} {'in flight':>9s} {'speedup model/priced':>21s}")
     lines = [head, "-" * len(head)]
@@ -114,7 +126,8 @@ def format_read_back(rows: list[dict]) -> str:
         t = r["traffic"]
         speed = r.get("speedup_over_psum") or {}
         lines.append(
-            f"{r['topology']:9s} {r['algorithm']:10s} {r['format']:9s} {r['num_chunks']} "
+            f"{r['topology']:9s} {r['algorithm']:10s} {r['impl']:6s} {r['format']:9s} "
+            f"{r['num_chunks']} "
             f"{'yes' if r['wire_bytes_hlo'] == r['wire_bytes'] else 'NO':>8s} "
             f"{r['bytes_accessed'] / 1e6:>7.0f} MB {r['model_hbm_bytes'] / 1e6:>6.0f} MB "
             f"{r['ratio_to_model']:>5.1f}x {r['hbm_ratio_to_model']:>7.1f}x "
