@@ -33,11 +33,11 @@ the same array (and to their fewest bytes, 4n per chip: the input read once, the
 once; what crosses the wire is not in "bytes accessed"). The project's targets are 2x for a
 codec program (`TARGET`) and 3x psum's for an AllReduce (`ALL_REDUCE_TARGET`). The Pallas
 kernels meet the first (their grids move the fewest bytes: 1.0x); the XLA path does not
-(10-130x). On the kernels every AllReduce meets the second (int8: the ring and two-shot
-about 2.7-2.8x, the bidirectional ring 2.9-3.0x), each kernel reading its chunk of the input
-where it lies (`kernels/codec.py`). XLA's own total is higher (8-bit rings about 3.1-3.6x):
-it counts each collective permute's message again when it lands, which the tally here counts
-once. The XLA path's AllReduces stay at 50-100x. The tests hold the kernels to both targets
+(10-130x). On the kernels every AllReduce meets the second (int8 at 1 MiB: the ring 2.77x,
+two-shot 2.66x, the bidirectional ring 2.85x; 2.97x at 1/4 MiB), each kernel reading its
+chunk of the input where it lies (`kernels/codec.py`). XLA's own total is higher for the
+8-bit rings (3.0-3.2x at 1 MiB): it counts each collective permute's message about once more
+when it lands, which the tally here counts once. The XLA path's AllReduces stay at 50-100x. The tests hold the kernels to both targets
 and the XLA path to today's figures as regression bounds.
 
 The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
