@@ -37,8 +37,9 @@ kernels meet the first (their grids move the fewest bytes: 1.0x); the XLA path d
 two-shot 2.66x, the bidirectional ring 2.85x; 2.97x at 1/4 MiB), each kernel reading its
 chunk of the input where it lies (`kernels/codec.py`). XLA's own total is higher for the
 8-bit rings (3.0-3.2x at 1 MiB): it counts each collective permute's message about once more
-when it lands, which the tally here counts once. The XLA path's AllReduces stay at 50-100x. The tests hold the kernels to both targets
-and the XLA path to today's figures as regression bounds.
+when it lands, which the tally here counts once. The XLA path's AllReduces stay at 50-100x.
+The tests hold the kernels to both targets and the XLA path to today's figures as regression
+bounds.
 
 The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
 same to 0.1x at 1/4, 1, 4 and 16 MiB; the int8 ring 53.5x psum's at 1/4 MiB, 52.9x at 16), but
