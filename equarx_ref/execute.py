@@ -18,9 +18,11 @@ bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:
 it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 
 A backend codec may fuse a hop (`kernels.codec.RowCodec`, `impl="mosaic"`): then a permute
-step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk), and the
-step that sends exactly that sum onwards hands both to the codec's `hop`, decode, add and
-encode in one pass, so the f32 partial sum never goes to memory. Two-shot's all-to-all keeps
+step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk, named by
+its rows in the array that holds it, `_Rows`, which the codec's kernels read where they lie
+rather than from a slice XLA would write to memory first), and the step that sends exactly
+that sum onwards hands both to the codec's `hop`, decode, add and encode in one pass, so the
+f32 partial sum never goes to memory. Two-shot's all-to-all keeps
 its p messages pending the same way, and the gather's encode of their sum is the codec's
 `reduce`. Anything else that reads a pending sum computes it there, the same additions as the
 XLA codec's path.

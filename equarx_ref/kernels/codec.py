@@ -150,9 +150,9 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
     may hold more rows than the message (`message_rows`, else the first operand's): the kernel
     reads the message's rows from there on, where they lie (i is a prefetched scalar, and the
     index map's arithmetic runs in the kernel, outside XLA's count), so no slice of it is cut
-    out first. That operand is kept in HBM
-    (`with_memory_space_constraint`): XLA's memory-space assignment staged a whole ring's input
-    in VMEM otherwise, a copy as large as the slices it saves (libtpu 0.0.42.1).
+    out first. That operand is kept in HBM (`with_memory_space_constraint`): XLA's memory-space
+    assignment staged a whole ring's input in VMEM otherwise, a copy as large as the slices it
+    saves (libtpu 0.0.42.1).
 
     With `order` (message indices, one per message of the result), a wire operand of
     `len(order)` messages is read message `order[i]` for the result's message i: the
