@@ -97,6 +97,30 @@ def test_tpu_overlaps_pieces_only_when_pipelined():
 
 @needs_libtpu
 @pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
+def test_mosaic_pipelines_its_kernels_inside_transfers(topology):
+    """Issue 29 on the kernels' path: at num_chunks=2 the int8 ring on the Mosaic codec
+    (`impl="mosaic"`) keeps 2 messages in flight, with a kernel of another piece scheduled inside
+    the transfers of the middle hops; at num_chunks=1 nothing overlaps. `collective_overlap`
+    lists fusions, and the kernels are custom calls: they are counted from the schedule here
+    (libtpu 0.0.42.1, 1/4 MiB: kernels inside 8 of the 14 transfers, on v5e and v6e)."""
+    from equarx_ref.models import hlo
+
+    n, p = 1 << 16, 8
+    for k, in_flight, overlapped in ((1, 1, 0), (2, 2, p - 1)):
+        text = tpu_compile.compile_all_reduce(topology, n=n, p=p, fmt=eq.Format.int8(),
+                                              num_chunks=k, impl="mosaic").as_text()
+        pairs, schedule = collective_overlap(text), hlo._entry(text)
+        at = {name: i for i, (name, _, _) in enumerate(schedule)}
+        kernels = [sum(op == "custom-call" for _, op, _ in schedule[at[q.start] + 1:at[q.done]])
+                   for q in pairs]
+        assert len(pairs) == k * (p - 1), (k, len(pairs))
+        assert max(q.in_flight for q in pairs) == in_flight, (k, pairs)
+        assert sum(c > 0 for c in kernels) >= overlapped and (k > 1 or not any(kernels)), \
+            (k, kernels)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
 def test_overlap_as_recorded(topology):
     """The overlap chapter 05 shows is this compiler's: the int8 ring at num_chunks=4, compiled
     afresh, has the stored encodings inside each transfer (v5e: nearly all; v6e with libtpu
