@@ -48,7 +48,7 @@ if [ -z "$py312" ] && [ "${CI:-}" = true ]; then
 fi
 [ -n "$py312" ] || skip "no Python 3.12 (pyenv install 3.12, or apt-get install python3.12)"
 
-spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')  # e.g. jax>=0.10.0,<0.13
+spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')  # e.g. jax>=0.10.2,<0.13
 env=.cache/colab-env
 start=$SECONDS
 echo "tests/colab.sh: the runtime: $("$py312" --version) in $env, $spec at its newest"
