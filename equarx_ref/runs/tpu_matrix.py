@@ -5,7 +5,8 @@ every algorithm x format of the XLA path, the 2D torus, the remedies, every Pall
 format and the tensor-parallel Gemma forward with libtpu's compilers (`tpu_compile.py`: from a
 CPU machine, nothing runs), and reports each as compiled or with the compiler's first line of
 complaint. `run` is `equarx-ref kernels --compile v5e:2x4`: the table, with `--read-back`
-the TPU programs read back against the models (`tpu_readback.py`), with `--bytes` XLA:TPU's
+the TPU programs read back against the models (`tpu_readback.py`; on v5e also at 16 MiB per
+chip, `tpu_readback.AT_SCALE`), with `--bytes` XLA:TPU's
 bytes accessed by the codec and the AllReduces over their floors (`tpu_bytes.py`); the TPU
 compile tier of tests/run.sh fails on any error.
 """
@@ -35,10 +36,10 @@ from .tpu_compile import (
     source_digest,
     tpu_devices,
 )
-from .tpu_readback import format_read_back, read_back
+from .tpu_readback import AT_SCALE, AT_SCALE_N, format_read_back, read_back
 
-__all__ = ["CODEC_FORMATS", "FAMILIES", "FORMATS", "CompileResult", "compile_matrix",
-           "format_table", "run"]
+__all__ = ["CODEC_FORMATS", "FAMILIES", "FORMATS", "SCALE_TOPOLOGY", "CompileResult",
+           "compile_matrix", "format_table", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,8 @@ FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4
 XLA_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
 #: The families of `matrix_cases`, in its order ("none" in `families=` selects none of them).
 FAMILIES = ("xla", "torus", "remedy", "pallas", "hop", "codec", "gemma")
+#: The topology `--read-back` also reads at scale (`tpu_readback.AT_SCALE`), when compiled for.
+SCALE_TOPOLOGY = "v5e:2x4"
 #: The Mosaic codec's formats (`kernels.codec.FORMATS`, which loads Pallas): every format above
 #: and an f32 scale. Not the bit-packed odd widths: Mosaic refuses int7/b8's packing
 #: ("unsupported shape cast", libtpu 0.0.42.1).
@@ -253,6 +256,11 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
               f"speedup over the bf16 psum: modelled / re-priced with XLA:TPU's bytes, "
               f"HBM part only - all):", file=out)
         print(format_read_back(rows), file=out)
+        if SCALE_TOPOLOGY in topologies:
+            rows = read_back(SCALE_TOPOLOGY, n=AT_SCALE_N, cases=AT_SCALE, progress=progress)
+            report["read_back_at_scale"] = rows
+            print(f"read back at scale ({AT_SCALE_N} bf16 values per chip, 16 MiB):", file=out)
+            print(format_read_back(rows), file=out)
     if bytes_mib is not None:
         report["bytes"] = byte_ratios(topologies, mib=bytes_mib, progress=progress)
         print(format_byte_ratios(report["bytes"]), file=out)
