@@ -102,7 +102,7 @@ def test_mosaic_pipelines_its_kernels_inside_transfers(topology):
     (`impl="mosaic"`) keeps 2 messages in flight, with a kernel of another piece scheduled inside
     the transfers of the middle hops; at num_chunks=1 nothing overlaps. `collective_overlap`
     lists fusions, and the kernels are custom calls: they are counted from the schedule here
-    (libtpu 0.0.42.1, 1/4 MiB: kernels inside 8 of the 14 transfers, on v5e and v6e)."""
+    (libtpu 0.0.42.1, 1/4 MiB: kernels inside 8 of the 14 transfers on v5e, all 14 on v6e)."""
     from equarx_ref.models import hlo
 
     n, p = 1 << 16, 8
