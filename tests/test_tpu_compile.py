@@ -232,6 +232,12 @@ def _stored():
     return data.load("tpu")  # the record the course reads, shipped with the package
 
 
+def _case(row) -> tuple:
+    """A stored read-back row as the `tpu_readback.read_back` case that made it."""
+    return (row["algorithm"], None if row["format"] == "bfloat16" else row["format"],
+            row["num_chunks"], row["impl"])
+
+
 def test_stored_record_is_whole():
     """The stored compile record covers both topologies, every case compiled, and its wire
     bytes read from XLA:TPU's programs equal `eq.wire_bytes` in every case."""
@@ -243,8 +249,7 @@ def test_stored_record_is_whole():
     for r in stored["read_back"]:
         assert r["wire_bytes_hlo"] == r["wire_bytes"], r
     scale = stored["read_back_at_scale"]  # 16 MiB per chip, v5e
-    assert [(r["algorithm"], None if r["format"] == "bfloat16" else r["format"], r["num_chunks"],
-             r["impl"]) for r in scale] == [(*c, "xla")[:4] for c in tpu_readback.AT_SCALE]
+    assert [_case(r) for r in scale] == [(*c, "xla")[:4] for c in tpu_readback.AT_SCALE]
     assert {(r["topology"], r["n"]) for r in scale} == {("v5e:2x4", tpu_readback.AT_SCALE_N)}
     assert all(r["wire_bytes_hlo"] == r["wire_bytes"] for r in scale)
 
@@ -263,9 +268,8 @@ def test_read_back_at_scale_as_recorded():
     keys = {("psum", "bfloat16", "xla"), ("bidir_ring", "int8", "mosaic")}
     old = [r for r in stored if (r["algorithm"], r["format"], r["impl"]) in keys]
     assert len(old) == 2
-    fresh = tpu_readback.read_back("v5e:2x4", n=tpu_readback.AT_SCALE_N, cases=tuple(
-        (r["algorithm"], None if r["format"] == "bfloat16" else r["format"], 1, r["impl"])
-        for r in old))
+    fresh = tpu_readback.read_back("v5e:2x4", n=tpu_readback.AT_SCALE_N,
+                                   cases=tuple(_case(r) for r in old))
     for was, new in zip(old, fresh, strict=True):
         assert new["wire_bytes_hlo"] == new["wire_bytes"] == was["wire_bytes"]
         assert abs(new["ratio_to_model"] / was["ratio_to_model"] - 1) < 0.05, (was, new)
@@ -303,9 +307,8 @@ def test_bytes_accessed_as_recorded(topology):
     old = [c for c in _stored()["read_back"] if c["topology"] == topology
            and (c["algorithm"], c["format"], c["num_chunks"], c["impl"]) in keys]
     assert len(old) == 4
-    fresh = tpu_readback.read_back(topology, n=old[0]["n"], p=old[0]["p"], cases=tuple(
-        (c["algorithm"], None if c["format"] == "bfloat16" else c["format"], 1, c["impl"])
-        for c in old))
+    fresh = tpu_readback.read_back(topology, n=old[0]["n"], p=old[0]["p"],
+                                   cases=tuple(_case(c) for c in old))
     for was, new in zip(old, fresh, strict=True):
         assert new["wire_bytes_hlo"] == new["wire_bytes"] == was["wire_bytes"]
         assert abs(new["ratio_to_model"] / was["ratio_to_model"] - 1) < 0.05, (was, new)
