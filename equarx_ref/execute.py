@@ -17,7 +17,7 @@ the implementation, and hands the XLA path here. `run_schedule` walks the schedu
 bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:CPU cannot widen
 it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 
-A backend codec may fuse a hop (`kernels.codec.RowCodec`, `impl="mosaic"`): then a permute
+A backend codec may fuse a hop (`kernels.row_codec.RowCodec`, `impl="mosaic"`): then a permute
 step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk, named by
 its rows in the array that holds it, `_Rows`, which the codec's kernels read where they lie
 rather than from a slice XLA would write to memory first), and the step that sends exactly
@@ -68,7 +68,7 @@ class _Wire:
     def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=(), impl="xla"):
         self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
         if impl == "mosaic" and fmt is not None:  # the kernels code each message
-            from .kernels.codec import RowCodec  # Pallas loads only when asked for
+            from .kernels.row_codec import RowCodec  # Pallas loads only when asked for
 
             self.default = RowCodec(fmt, dtype)
         else:

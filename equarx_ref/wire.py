@@ -234,7 +234,7 @@ class Codec:
         return encoded_bytes(m, self.fmt, self.dtype)
 
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
-    #: the Mosaic codec (`kernels.codec.RowCodec`) takes the input's own dtype instead.
+    #: the Mosaic codec (`kernels.row_codec.RowCodec`) takes the input's own dtype instead.
     reads_raw = False
     #: Whether the executor holds the input as rows of 128 values (`execute.run_schedule`):
     #: the Mosaic codec's kernels read that view; this codec takes any.
@@ -242,5 +242,5 @@ class Codec:
 
     def fuses(self, m: int) -> bool:
         """Whether this codec has a one-pass hop for messages of `m` values: never (the
-        executor decodes and adds; `kernels.codec.RowCodec.hop` is one)."""
+        executor decodes and adds; `kernels.row_codec.RowCodec.hop` is one)."""
         return False

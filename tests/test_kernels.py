@@ -371,13 +371,13 @@ def test_row_codec_in_place_steps_match_the_cut_ones():
     """`RowCodec.encode_at`, `hop_at` and `decode_in_order` with the kernels (interpret mode):
     the bytes and values of the steps they stand for, on a slice cut out first; and the XLA
     codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted bytes."""
-    from equarx_ref.kernels import codec
+    from equarx_ref.kernels import codec, row_codec
     from equarx_ref.wire import Codec
 
     fmt = eq.Format.int8()
     m = 8 * codec.TILE_BLOCKS * fmt.block_size  # a message of 8 rows of 128 blocks
     source = jax.random.normal(jax.random.key(8), (4, m // 128, 128)).astype(jnp.bfloat16)
-    kernel = codec.RowCodec(fmt, jnp.bfloat16, interpret=True)
+    kernel = row_codec.RowCodec(fmt, jnp.bfloat16, interpret=True)
     start = jnp.int32(2)
     cut = source[2:3].reshape(1, m)
     message = kernel.encode_at(source, start, 1)

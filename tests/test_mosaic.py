@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_ref as eq
 from conftest import DEVICES
-from equarx_ref.kernels import codec
+from equarx_ref.kernels import row_codec
 from equarx_ref.models.hlo import hlo_wire_bytes
 
 
@@ -75,8 +75,8 @@ def test_each_ring_hop_is_one_fused_step(monkeypatch):
     """A ring of p = 8 with 2 pieces: every hop after the first message, and each owner's
     gather message, is `RowCodec.hop` (decode, add and encode in one pass): 7 a piece."""
     calls = []
-    hop = codec.RowCodec._hop
-    monkeypatch.setattr(codec.RowCodec, "_hop", lambda self, w, local: calls.append(
+    hop = row_codec.RowCodec._hop
+    monkeypatch.setattr(row_codec.RowCodec, "_hop", lambda self, w, local: calls.append(
         w.shape) or hop(self, w, local))
     x = _data(8, 8 * 8 * 2 * 32, jnp.float32)
     fn, xs = _run(x, "mosaic", fmt=eq.Format.int8(), num_chunks=2)
@@ -86,12 +86,12 @@ def test_each_ring_hop_is_one_fused_step(monkeypatch):
 
 def test_message_rows():
     int8 = eq.Format.int8()
-    assert codec.message_rows(1024 * 32, int8) == 8  # one tile: 8 rows of 128 blocks
-    assert codec.message_rows(4096 * 32, int8) == 32  # whole tiles
-    assert codec.message_rows(200 * 32, int8) == 8  # 8 rows of 25 blocks
-    assert codec.message_rows(78 * 32, int8) is None  # not whole rows of blocks
-    assert codec.message_rows(1032 * 32, int8) is None  # too long for one tile, not whole tiles
-    assert codec.message_rows(100, int8) is None
+    assert row_codec.message_rows(1024 * 32, int8) == 8  # one tile: 8 rows of 128 blocks
+    assert row_codec.message_rows(4096 * 32, int8) == 32  # whole tiles
+    assert row_codec.message_rows(200 * 32, int8) == 8  # 8 rows of 25 blocks
+    assert row_codec.message_rows(78 * 32, int8) is None  # not whole rows of blocks
+    assert row_codec.message_rows(1032 * 32, int8) is None  # too long for one tile, not whole tiles
+    assert row_codec.message_rows(100, int8) is None
 
 
 def test_mosaic_refuses_what_the_kernels_cannot_do():

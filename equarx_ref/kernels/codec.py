@@ -38,8 +38,8 @@ from a flat chunk is a relayout through HBM, every value read and written once m
 call. So where a tile is whole rows filling whole tiles, the kernel takes the values as rows of
 128, a bitcast of the flat array, and reshapes the tile into the message's rows in VMEM (an f32
 tile through its int32 bits, `_reshaped`, where Mosaic would fold two reshapes into one it
-cannot lay out). With the executor holding its input the same way (`RowCodec.dense`), that
-cut `all_reduce(impl="mosaic")`'s int8 ring from 6.8x psum's bytes to 3.8x (libtpu 0.0.42.1,
+cannot lay out). With the executor holding its input the same way (`row_codec.RowCodec.dense`),
+that cut `all_reduce(impl="mosaic")`'s int8 ring from 6.8x psum's bytes to 3.8x (libtpu 0.0.42.1,
 v5e, 1/4 MiB), and two-shot from 13.7x to 2.7x with its reduce step as one kernel.
 
 Operands are read where they lie. A ring hop adds this device's chunk of the input, at a row
@@ -58,9 +58,9 @@ What this does not claim: the kernels compile for v5e and v6e (libtpu, from this
 widths, whose packing Mosaic refuses as an unsupported shape cast), and their HBM bytes are the
 fewest, but no TPU has run them here, so nothing says the vector work inside keeps up with HBM.
 The ring kernel (`ring.py`) still calls the codec on whole rows. The collectives run on these
-kernels with `all_reduce(impl="mosaic")`: `RowCodec` below is the executor's codec then, each
-message a few rows of whole blocks (`message_rows`), each hop one `hop` call and two-shot's
-reduce step one `reduce` call.
+kernels with `all_reduce(impl="mosaic")`: `row_codec.RowCodec` is the executor's codec then,
+each message a few rows of whole blocks (`row_codec.message_rows`), each hop one `hop` call and
+two-shot's reduce step one `reduce` call.
 """
 
 from __future__ import annotations
@@ -77,12 +77,11 @@ from jax.experimental.pallas import tpu as pltpu
 from .._checks import array, count, value_dtype
 from ..formats import Format
 from ..quantize import rank_order_sum, zero_subnormals
-from ..wire import Codec
 from . import backend
 from .hop import wire_codec
 
-__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "RowCodec", "decode", "encode",
-           "grid", "hop", "message_rows", "reduce"]
+__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "checked_format", "decode",
+           "encode", "grid", "hop", "hop_tile", "reduce", "reduce_tile"]
 
 #: A tile: TILE_ROWS rows of TILE_BLOCKS blocks (fewer where the message has fewer).
 TILE_ROWS, TILE_BLOCKS = 8, 128
@@ -93,7 +92,9 @@ FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4
 VMEM_LIMIT = 64 << 20
 
 
-def _format(fmt) -> Format:
+def checked_format(fmt) -> Format:
+    """`fmt`, checked to be a Format (the kernels take no raw bits: `fmt=None` is the XLA
+    codec's)."""
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
     return fmt
@@ -121,7 +122,7 @@ def _tile(rows: int, m: int, fmt: Format, block_cols) -> tuple[int, int]:
 def grid(rows: int, m: int, fmt: Format, *, block_cols: int | None = None) -> tuple[int, int]:
     """The kernels' grid on a message of `rows` rows of `m` values of `fmt`: (groups of rows,
     tiles along a row); each step moves one tile in and one out."""
-    tile = _tile(count(rows, "rows"), count(m, "m"), _format(fmt), block_cols)
+    tile = _tile(count(rows, "rows"), count(m, "m"), checked_format(fmt), block_cols)
     return rows // tile[0], m // tile[1]
 
 
@@ -246,7 +247,7 @@ def _wire(w, fmt: Format, rows: int, m: int, what: str) -> jax.Array:
     return w
 
 
-def _hop_tile(codec, cols: int, wire, local):
+def hop_tile(codec, cols: int, wire, local):
     """A hop on one tile: bytes and local values in, the f32 sum stays on chip, the next
     message out; a subnormal local value reads as a zero of its sign on every backend, as the
     collectives add it (execute.py `settle`; a decoded value is never subnormal)."""
@@ -276,10 +277,10 @@ def _decode_body(codec, tile, dtype, wire_ref, out_ref):
 
 
 def _hop_body(codec, tile, wire_ref, local_ref, out_ref):
-    out_ref[...] = _hop_tile(codec, tile[1], wire_ref[...], _reshaped(local_ref[...], tile))
+    out_ref[...] = hop_tile(codec, tile[1], wire_ref[...], _reshaped(local_ref[...], tile))
 
 
-def _reduce_tile(codec, cols: int, messages):
+def reduce_tile(codec, cols: int, messages):
     """Two-shot's reduce on one tile: p messages in, added in rank order in f32 (each partial
     sum's subnormals read as zeros of their sign; a decoded value is never subnormal), the
     sum's message out."""
@@ -288,7 +289,7 @@ def _reduce_tile(codec, cols: int, messages):
 
 
 def _reduce_body(codec, tile, wire_ref, out_ref):
-    out_ref[...] = _reduce_tile(codec, tile[1], [wire_ref[r] for r in range(wire_ref.shape[0])])
+    out_ref[...] = reduce_tile(codec, tile[1], [wire_ref[r] for r in range(wire_ref.shape[0])])
 
 
 def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
@@ -299,7 +300,7 @@ def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
     tile's rows), x may hold more rows: the kernel encodes `rows` rows from there, where they
     lie. `block_cols`: values of a tile's row. `interpret` as `fused_hop`: None runs natively
     on a TPU, in TPU interpret mode elsewhere."""
-    fmt, x = _format(fmt), _values(x, "x")
+    fmt, x = checked_format(fmt), _values(x, "x")
     m = x.shape[1]
     if (rows is None) != (first_row is None):
         raise ValueError("encode takes rows= and first_row= together, or neither")
@@ -318,7 +319,7 @@ def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None,
     `order` (a permutation of message indices; a message is `rows / len(order)` rows, whole
     tiles of 8), the result's message i is the decode of message `order[i]`, read where it
     lies."""
-    fmt, dtype = _format(fmt), value_dtype(dtype)
+    fmt, dtype = checked_format(fmt), value_dtype(dtype)
     count(m, "m")
     w = array(wire, "wire")
     if w.ndim != 2:
@@ -343,7 +344,7 @@ def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = No
     i * r; a multiple of the tile's rows: of 8 when the message has 8 or more), local may hold
     more rows, and the kernel adds the wire's count of rows from there, where they lie,
     cutting nothing out first."""
-    fmt, local = _format(fmt), _values(local, "local")
+    fmt, local = checked_format(fmt), _values(local, "local")
     m = local.shape[1]
     rows = array(wire, "wire").shape[0] if first_row is not None else local.shape[0]
     tile = _tile(rows, m, fmt, block_cols)
@@ -361,7 +362,7 @@ def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,
     rank order in f32, each partial sum's subnormals read as zeros of their sign (as the
     collectives add them, execute.py `settle`), then encoded; one pass, the p messages in and
     one out, no f32 sum in HBM."""
-    fmt = _format(fmt)
+    fmt = checked_format(fmt)
     count(m, "m")
     w = array(wire, "wire")
     if w.ndim != 3 or w.dtype != jnp.uint8 or w.shape[2] != fmt.nbytes(m):
@@ -370,157 +371,3 @@ def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,
     tile = _tile(w.shape[1], m, fmt, block_cols)
     return _call(functools.partial(_reduce_body, wire_codec(fmt, jnp.float32), tile), fmt,
                  tile, m, "p", "w", jnp.uint8, interpret, w)
-
-
-# ---- the collectives' codec: `all_reduce(..., impl="mosaic")` -------------------------------
-
-
-def message_rows(m: int, fmt: Format) -> int | None:
-    """How the collectives lay a message of `m` values out for the kernels: rows of 128 blocks
-    (whole tiles, 8 rows at a time) when m is a multiple of 8 x 128 blocks, else 8 rows of at
-    most 128 blocks; None when neither fits (the XLA codec then carries that message: the same
-    bytes, since rows laid end to end are the flat message)."""
-    if m % fmt.block_size:
-        return None
-    blocks = m // fmt.block_size
-    if blocks % (TILE_ROWS * TILE_BLOCKS) == 0:
-        return blocks // TILE_BLOCKS
-    if blocks % TILE_ROWS == 0 and blocks <= TILE_ROWS * TILE_BLOCKS:
-        return TILE_ROWS
-    return None
-
-
-class RowCodec:
-    """The Mosaic codec as the collectives' codec (`execute.py`, `impl="mosaic"`).
-
-    It has `wire.Codec`'s interface (`encode`, `decode`, `acc`, `align`) and one more step,
-    `hop(message, local)`: the next message, `encode(decode(message) + local)`, in one kernel
-    pass, so the executor never writes a hop's f32 sum to HBM. A message of values `[..., m]`
-    is `[..., R, bytes]`: R rows (`message_rows`) whose bytes, laid end to end, are
-    `wire.encode`'s, so the same bytes travel as on the XLA path and a message the kernels do
-    not take (`message_rows` None) goes through `wire.Codec` unchanged. Round to nearest only
-    (the kernels have no stochastic rounding); `rules.py` refuses the rest.
-
-    Off a TPU (`interpret=None`) the messages are coded by the kernels' own body
-    (`wire_codec`, the Mosaic form of the codec) as XLA ops on whole messages, the same bytes:
-    TPU interpret mode runs a kernel on every device of a mesh in step, through a barrier,
-    and inside an 8-device `shard_map` on a 2-core CPU it deadlocks once XLA:CPU's threads are
-    all waiting there (jax 0.10.2). `interpret=True` asks for interpret mode anyway.
-    """
-
-    def __init__(self, fmt: Format, dtype, interpret=None):
-        self.xla = Codec(_format(fmt), dtype)
-        self.fmt, self.acc, self.align = fmt, self.xla.acc, self.xla.align
-        self.interpret = interpret
-        # off a TPU (interpret=None): the kernels' body as XLA ops on whole messages
-        self.body = None if interpret is not None or backend.interpret_params() is False \
-            else wire_codec(fmt, dtype)
-
-    def _rows(self, m: int) -> int | None:
-        return message_rows(m, self.fmt) if self.acc == jnp.float32 else None
-
-    def _encode(self, v):
-        return self.body.encode(v) if self.body else encode(v, self.fmt,
-                                                            interpret=self.interpret)
-
-    def _decode(self, w, cols, dtype):
-        if self.body:
-            return wire_codec(self.fmt, jnp.float32).decode(w, cols, dtype)
-        return decode(w, self.fmt, cols, dtype, interpret=self.interpret)
-
-    def _hop(self, w, local):
-        if self.body:
-            return _hop_tile(wire_codec(self.fmt, local.dtype), local.shape[-1], w, local)
-        return hop(w, local, self.fmt, interpret=self.interpret)
-
-    def encode(self, v: jax.Array, key=None) -> jax.Array:
-        """values `[..., m]` -> uint8 `[..., R, bytes]` (`[..., bytes]` where R is None)."""
-        if key is not None:
-            raise ValueError("the Mosaic codec rounds to nearest: stochastic rounding (key=) "
-                             "needs impl='xla'")
-        m, rows = v.shape[-1], self._rows(v.shape[-1])
-        if rows is None:
-            return self.xla.encode(v)
-        w = self._encode(v.reshape(-1, m // rows))
-        return w.reshape(*v.shape[:-1], rows, w.shape[-1])
-
-    def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
-        """uint8 `[..., R, bytes]` or `[..., bytes]` of `m` values a message -> `[..., m]`."""
-        rows = self._rows(m)
-        if rows is None:
-            return self.xla.decode(buf, m, dtype)
-        width = self.fmt.nbytes(m // rows)
-        lead = buf.shape[:-2] if buf.shape[-2:] == (rows, width) else buf.shape[:-1]
-        v = self._decode(buf.reshape(-1, width), m // rows, dtype or self.acc)
-        return v.reshape(*lead, m)
-
-    def decode_in_order(self, buf: jax.Array, m: int, dtype, order) -> jax.Array:
-        """Messages `buf` `[count, ...]` of `m` values each, decoded in `order` (a static
-        permutation): `decode(buf[order])`, `[count, m]`, each message read where it lies."""
-        rows = self._rows(m)
-        if rows is None or self.body:
-            return self.xla.decode_in_order(buf, m, dtype, order) if rows is None else \
-                self.decode(buf[jnp.asarray(order)], m, dtype)
-        width = self.fmt.nbytes(m // rows)
-        v = decode(buf.reshape(-1, width), self.fmt, m // rows, dtype or self.acc, order=order,
-                   interpret=self.interpret)
-        return v.reshape(len(order), m)
-
-    #: `encode` takes a flat message in the input's own dtype: a kernel reads bf16 from HBM,
-    #: half an f32 copy's bytes (`execute.py`).
-    reads_raw = True
-    #: The executor holds the input as rows of 128 values, the view the kernels read without a
-    #: relayout (`_dense`).
-    dense = True
-
-    def fuses(self, m: int) -> bool:
-        """Whether `hop` runs as one kernel on messages of `m` values."""
-        return self._rows(m) is not None
-
-    def encode_at(self, source: jax.Array, start, count: int) -> jax.Array:
-        """`encode(source[start:start + count])` (rows of `m` values each, `start` traced),
-        `[count, R, bytes]`, the rows read where they lie (as `hop_at`). Needs `fuses(m)`."""
-        m = math.prod(source.shape[1:])
-        rows = self._rows(m)
-        if rows is None or self.body:
-            return self.encode(lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
-        w = encode(source.reshape(-1, m // rows), self.fmt, rows=count * rows,
-                   first_row=(start, rows), interpret=self.interpret)
-        return w.reshape(count, rows, w.shape[-1])
-
-    def hop_at(self, buf: jax.Array, source: jax.Array, start, count: int) -> jax.Array:
-        """`hop(buf, source[start:start + count])` (rows of `m` values each, `start` traced),
-        `[count, R, bytes]`, with the rows read where they lie in `source`: XLA:TPU writes a
-        slice that feeds a kernel to HBM first (a custom call cannot fuse it), a whole extra
-        pass over a ring's input. Needs `fuses(m)`."""
-        m = math.prod(source.shape[1:])
-        rows = self._rows(m)
-        if rows is None or self.body:  # hop's refusal, or the body on whole messages
-            return self.hop(buf, lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
-        width = self.fmt.nbytes(m // rows)
-        w = hop(buf.reshape(-1, width), source.reshape(-1, m // rows), self.fmt,
-                first_row=(start, rows), interpret=self.interpret)
-        return w.reshape(count, rows, width)
-
-    def reduce(self, buf: jax.Array, m: int) -> jax.Array:
-        """Two-shot's reduce step in one pass: p messages `[p, ...]` of `m` values -> the
-        message of their sum, added in rank order in f32 (`reduce`), `[R, bytes]`. Needs
-        `fuses(m)`."""
-        rows = self._rows(m)
-        if rows is None:
-            raise ValueError(f"the Mosaic codec's reduce does not take messages of {m} values")
-        w = buf.reshape(buf.shape[0], -1, self.fmt.nbytes(m // rows))
-        if self.body:
-            return _reduce_tile(wire_codec(self.fmt, jnp.float32), m // rows, list(w))
-        return reduce(w, self.fmt, m // rows, interpret=self.interpret)
-
-    def hop(self, buf: jax.Array, local: jax.Array) -> jax.Array:
-        """The next message: `encode(decode(buf) + local)`, the sum in f32 with a subnormal
-        local value read as a zero of its sign; `local` `[..., m]` in its own dtype, `buf` its
-        message (any shape of the same bytes). Needs `fuses(m)`."""
-        m = local.shape[-1]
-        rows = self._rows(m)
-        if rows is None:
-            raise ValueError(f"the Mosaic codec's hop does not take messages of {m} values")
-        w = self._hop(buf.reshape(-1, self.fmt.nbytes(m // rows)), local.reshape(-1, m // rows))
-        return w.reshape(*local.shape[:-1], rows, w.shape[-1])
