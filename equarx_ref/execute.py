@@ -113,18 +113,23 @@ def _lanes(values: jax.Array, codec) -> jax.Array:
 
 
 class _Rows:
-    """Rows `start .. start + count` of a held array `[chunks, ...]` (`start` traced), not cut
-    out yet: a codec's fused hop reads them where they lie (`RowCodec.hop_at`). XLA:TPU writes
-    a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring that was
-    a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1, `runs/tpu_bytes.py`)."""
+    """Rows `start .. start + count` of a held array `[chunks, ...]` (`start` traced), of each
+    only its columns `window` (`(first, columns)` of axis 1: a pipelined piece; None: all), not
+    cut out yet: a codec's fused hop reads them where they lie (`RowCodec.hop_at`). XLA:TPU
+    writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring
+    that was a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1,
+    `runs/tpu_bytes.py`), and cutting a pipeline's pieces out of the input another."""
 
-    def __init__(self, source: jax.Array, start, count: int):
-        self.source, self.start = source, start
-        self.shape = (count, math.prod(source.shape[1:]))
+    def __init__(self, source: jax.Array, start, count: int, window=None):
+        self.source, self.start, self.window = source, start, window
+        cols = source.shape[1] if window is None else window[1]
+        self.shape = (count, cols * math.prod(source.shape[2:]))
 
     def cut(self) -> jax.Array:
-        return lax.dynamic_slice_in_dim(self.source, self.start, self.shape[0]).reshape(
-            self.shape)
+        rows = lax.dynamic_slice_in_dim(self.source, self.start, self.shape[0])
+        if self.window is not None:
+            rows = lax.slice_in_dim(rows, self.window[0], sum(self.window), axis=1)
+        return rows.reshape(self.shape)
 
 
 def _cut(local):
@@ -154,9 +159,14 @@ class _Held:
     bytes and one input chunk and writes the next message.
     """
 
-    def __init__(self, sched: Schedule, x: jax.Array, acc, me, quantized: bool):
+    def __init__(self, sched: Schedule, x: jax.Array, acc, me, quantized: bool, window=None):
         self.p, self.me, self.acc, self.quantized = sched.p, me, acc, quantized
-        # source 0: the input rows [chunks, m], or [chunks, m / 128, 128] (`run_schedule`)
+        # source 0: the input rows [chunks, m], or [chunks, m / 128, 128] (`run_schedule`); of
+        # a pipelined chunk the piece's columns `window` of axis 1, read where they lie
+        # (`lazy`) or cut out
+        self.input, self.window = x, window
+        if window is not None:
+            x = lax.slice_in_dim(x, window[0], sum(window), axis=1)
         self.sources: list[jax.Array] = [x]
         self.m = math.prod(x.shape[1:])
         self.where = [[(0, c) for c in range(sched.chunk_count)] for _ in range(self.p)]
@@ -178,6 +188,8 @@ class _Held:
         runs = self._runs(chunks_of)
         if len(runs) == 1 and not isinstance(self.sources[runs[0][0]], _Sum):
             src, first, size = runs[0]
+            if src == 0:  # the input, of a pipelined chunk the piece's columns
+                return _Rows(self.input, _table(first)[self.me], size, self.window)
             return _Rows(self.sources[src], _table(first)[self.me], size)
         return self.raw(chunks_of)
 
@@ -224,7 +236,8 @@ class _Held:
         if codec.reads_raw and key is None and codec.fuses(self.m):
             values = self.lazy(chunks_of)
             if isinstance(values, _Rows) and (values.shape[0] == 1 or not flat):
-                message = codec.encode_at(values.source, values.start, values.shape[0])
+                message = codec.encode_at(values.source, values.start, values.shape[0],
+                                          values.window)
                 return message[0] if flat else message
         values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
@@ -236,7 +249,8 @@ class _Held:
             return message if flat else message[None]
         if isinstance(held.local, _Rows) and held.codec.fuses(self.m):
             rows = held.local
-            message = held.codec.hop_at(held.message, rows.source, rows.start, rows.shape[0])
+            message = held.codec.hop_at(held.message, rows.source, rows.start, rows.shape[0],
+                                        rows.window)
             return message.reshape(-1, message.shape[-1]) if flat else message
         local = _cut(held.local)
         return held.codec.hop(held.message, local.reshape(-1) if flat else local)
@@ -306,10 +320,13 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
             raise ValueError(f"cannot execute a reduce step of kind {step.kind!r}")
 
 
-def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax.Array:
+def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype,
+                  into=None) -> jax.Array:
     """Owners encode their chunks once; all-gathers (in schedule order) bring them to all,
     decoded into `dtype` (the result's, unless a remedy still works on the sums): one pass
-    from the bytes to the result, no f32 copy of the whole message in between."""
+    from the bytes to the result, no f32 copy of the whole message in between. With `into`
+    (`(out, window)`, where the codec `places` it), each chunk is decoded over its columns
+    `window` of `out` (the whole result, or its shape) and that is returned."""
     p, m = sched.p, held.m
     owned = [[c for c, own in enumerate(sched.owners) if d in own] for d in range(p)]
     k = len(owned[0])
@@ -324,6 +341,9 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype) -> jax
     buf = buf.reshape(p * k, *message)
     chunks = [c for d in range(p) for c in owned[d]]  # the chunk of each gathered message
     order = sorted(range(p * k), key=chunks.__getitem__)  # the message of each chunk
+    if into is not None:
+        return codec.decode_into(buf, *into, dtype,
+                                 None if order == list(range(p * k)) else order)
     if order == list(range(p * k)):
         return codec.decode(buf, m, dtype)
     return codec.decode_in_order(buf, m, dtype, order)
@@ -352,16 +372,24 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
         # tiled across chunks: a relayout of the whole input in HBM
         chunks, unit = flat.reshape(sched.chunk_count, length // 128, 128), 128
     gathers = any(step.phase == "gather" for step in sched.steps)
+    windows = [None] if len(pieces) == 1 else [(a // unit, m // unit) for a, m in pieces]
+    # a codec that decodes each piece where it lies in the result: no concatenation after
+    # (on XLA:TPU a pass over the whole result, 1x psum's bytes)
+    out = jax.ShapeDtypeStruct(chunks.shape, x.dtype) if len(pieces) > 1 and gathers and \
+        not rotate and all(wire.codec(None).places(chunks.shape, w) for w in windows) else None
     parts = []
-    for j, (start, size) in enumerate(pieces):  # independent: the compiler may overlap hops
+    for j, window in enumerate(windows):  # independent: the compiler may overlap hops
         wire.piece = j
-        held = _Held(sched, chunks[:, start // unit:(start + size) // unit],
-                     wire.default.acc, me, fmt is not None)
+        held = _Held(sched, chunks, wire.default.acc, me, fmt is not None, window)
         _reduce_phase(sched, held, wire, axes)
+        if out is not None:
+            out = _gather_phase(sched, held, wire, axes, x.dtype, (out, window))
+            continue
         part = _gather_phase(sched, held, wire, axes, wire.default.acc if rotate else
                              x.dtype) if gathers else held.values(-1)
         parts.append(part if unit == 1 else part.reshape(part.shape[0], -1, unit))
-    out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]  # as `chunks`
+    if out is None:  # as `chunks`
+        out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     if rotate:  # once, at the end, on the same decoded values on every device
         out = inverse_rotate(out.reshape(-1), fmt.block_size)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

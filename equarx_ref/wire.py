@@ -244,3 +244,8 @@ class Codec:
         """Whether this codec has a one-pass hop for messages of `m` values: never (the
         executor decodes and adds; `kernels.row_codec.RowCodec.hop` is one)."""
         return False
+
+    def places(self, shape, window) -> bool:
+        """Whether this codec decodes a pipeline's piece straight into the result: never (the
+        executor joins the pieces; `kernels.row_codec.RowCodec.decode_into` does)."""
+        return False

@@ -368,8 +368,9 @@ def test_mosaic_codec_reads_rows_where_they_lie(name):
 
 
 def test_row_codec_in_place_steps_match_the_cut_ones():
-    """`RowCodec.encode_at`, `hop_at` and `decode_in_order` with the kernels (interpret mode):
-    the bytes and values of the steps they stand for, on a slice cut out first; and the XLA
+    """`RowCodec.encode_at`, `hop_at`, `decode_in_order` and `decode_into` with the kernels
+    (interpret mode): the bytes and values of the steps they stand for, on a slice cut out
+    first (and for a pipelined piece, its columns), or joined after; and the XLA
     codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted bytes."""
     from equarx_ref.kernels import codec, row_codec
     from equarx_ref.wire import Codec
@@ -383,6 +384,27 @@ def test_row_codec_in_place_steps_match_the_cut_ones():
     message = kernel.encode_at(source, start, 1)
     assert np.array_equal(message, kernel.encode(cut))
     assert np.array_equal(kernel.hop_at(message, source, start, 1), kernel.hop(message, cut))
+    # a pipelined piece: chunks of two messages, the second's columns read in place
+    pieces = jax.random.normal(jax.random.key(9), (4, 2 * m // 128, 128)).astype(jnp.bfloat16)
+    window = (m // 128, m // 128)
+    assert kernel._in_place(pieces.shape, 1, window)[1] == (8, 16, 8)  # rows 16 c + 8 .. 16 c + 15
+    cut = pieces[2:3, m // 128:].reshape(1, m)
+    message = kernel.encode_at(pieces, start, 1, window)
+    assert np.array_equal(message, kernel.encode(cut))
+    assert np.array_equal(kernel.hop_at(message, pieces, start, 1, window),
+                          kernel.hop(message, cut))
+    # and back: each piece's messages decoded over its columns of one result, in place
+    halves = [(0, m // 128), window]
+    assert all(kernel.places(pieces.shape, w) for w in halves)
+    sent = [jnp.stack([kernel.encode(pieces[c, a:a + n].reshape(1, m))[0] for c in range(4)])
+            for a, n in halves]
+    out = jax.ShapeDtypeStruct(pieces.shape, jnp.bfloat16)
+    for got, w, order in zip(sent, halves, (None, (1, 3, 0, 2)), strict=True):
+        out = kernel.decode_into(got if order is None else got[np.argsort(order)], out, w,
+                                 jnp.bfloat16, order)
+    want = jnp.concatenate([kernel.decode(got, m, jnp.bfloat16).reshape(4, -1, 128)
+                            for got in sent], axis=1)
+    assert out.dtype == jnp.bfloat16 and np.array_equal(out, want)
     gathered = jnp.stack([kernel.encode(source[c].reshape(1, m))[0] for c in range(4)])
     order = (1, 3, 0, 2)
     want = kernel.decode(gathered[np.array(order)], m)

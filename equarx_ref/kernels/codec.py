@@ -139,7 +139,7 @@ def _dense(tile: tuple[int, int], m: int) -> bool:
 
 
 def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype, interpret,
-          *operands, first_row=None, message_rows=None, order=None):
+          *operands, first_row=None, message_rows=None, order=None, into=None):
     """The kernel over groups of `tile[0]` rows (a leading axis) and tiles along the row.
     `kinds` names each operand ("v": values `[rows, m]`, "w": wire bytes `[rows, nbytes(m)]`,
     "p": p such messages `[p, rows, nbytes(m)]`) and `out_kind` the result; values travel
@@ -147,17 +147,23 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
     kernel declares what its grid moves, each block once, as its cost (`pl.CostEstimate`):
     XLA:TPU's count takes that figure for the kernel, and so does `hlo_memory.kernel_io`.
 
-    With `first_row` (`(i, r)`: row i * r, i traced, a multiple of `tile[0]`), a values operand
-    may hold more rows than the message (`message_rows`, else the first operand's): the kernel
-    reads the message's rows from there on, where they lie (i is a prefetched scalar, and the
-    index map's arithmetic runs in the kernel, outside XLA's count), so no slice of it is cut
+    With `first_row` (`(i, r, o)`: row i * r + o, i traced, a multiple of `tile[0]`), a values
+    operand may hold more rows than the message (`message_rows`, else the first operand's): the
+    kernel reads the message's rows from there on, where they lie (i is a prefetched scalar, and
+    the index map's arithmetic runs in the kernel, outside XLA's count), so no slice of it is cut
     out first. That operand is kept in HBM (`with_memory_space_constraint`): XLA's memory-space
     assignment staged a whole ring's input in VMEM otherwise, a copy as large as the slices it
     saves (libtpu 0.0.42.1).
 
     With `order` (message indices, one per message of the result), a wire operand of
     `len(order)` messages is read message `order[i]` for the result's message i: the
-    gathered messages decoded in result order, with no transposed copy of their bytes."""
+    gathered messages decoded in result order, with no transposed copy of their bytes.
+
+    With `into` (`(result, per, r, o)`), the result is a larger array of rows, `result` itself
+    (written in place: an aliased operand) or, an int, the rows of a new one: row q of the
+    message goes to row (q // per) r + o + q % per, messages of `per` rows each laid into it
+    (whole tiles), and its other rows are left as they were (a new one's: unset). A pipeline's
+    pieces are decoded into one result that way, not concatenated after."""
     rows, cols = tile
     groups = (message_rows or operands[0].shape[-2]) // rows
     dense = _dense(tile, m)
@@ -165,9 +171,10 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
 
     def group(g, at, kind):  # the group of an operand that grid step g reads
         if kind == "v" and first_row is not None:
-            unit = first_row[1]
-            return g + (at[0][0] * (unit // rows) if unit % rows == 0 else
-                        at[0][0] * unit // rows)
+            _, unit, offset = first_row
+            if unit % rows == 0 and offset % rows == 0:
+                return g + at[0][0] * (unit // rows) + offset // rows
+            return g + (at[0][0] * unit + offset) // rows
         if kind == "w" and order is not None:
             return at[0][g // per] * per + g % per
         return g
@@ -191,12 +198,26 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
                for kind, op in zip(kinds, operands, strict=True)]
     varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
     out_shape, *out_spec = shaped(out_kind)
+    written = []  # the array the result is written into, aliased (`into`)
+    if into is not None:  # the result's rows laid into a larger array, message by message
+        target, *laid = into
+        total = target if isinstance(target, int) else target.shape[0]  # rows
+        out_shape = (total // rows, *out_shape[1:])
+        each, r, o = (v // rows for v in laid)  # in groups: a message's, its stride, its offset
+        block, place = out_spec
+        out_spec = [block, lambda g, j, *at: (g // each * r + o + g % each,
+                                              *place(g, j, *at)[1:])]
+        if not isinstance(target, int):  # written in place: an aliased operand, never read
+            varying |= backend.varying(target)
+            written = [target.reshape(out_shape)]
+            body = functools.partial(_skip_aliased, body)
     block_bytes = [math.prod(filter(None, shaped(kind)[1])) * jnp.dtype(dtype).itemsize
                    for kind, dtype in
                    (*zip(kinds, (op.dtype for op in operands), strict=True),
                     (out_kind, out_dtype))]
     specs = {"grid": (groups, m // cols),
-             "in_specs": [pl.BlockSpec(*shaped(kind, read=True)[1:]) for kind in kinds],
+             "in_specs": [*(pl.BlockSpec(*shaped(kind, read=True)[1:]) for kind in kinds),
+                          *(pl.BlockSpec(memory_space=pl.ANY) for _ in written)],
              "out_specs": pl.BlockSpec(*out_spec)}
     interpret = backend.interpret_params(interpret)
     prefetched = ()
@@ -207,29 +228,40 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
                        for kind, op in zip(kinds, grouped, strict=True)]
     elif order is not None:  # the message each result message reads
         prefetched = (jnp.asarray(order, jnp.int32),)
+    if written and interpret is False:  # in HBM too, or XLA stages the result in VMEM and
+        # copies it out after: a pass over the whole result (libtpu 0.0.42.1)
+        written = [pltpu.with_memory_space_constraint(written[0], pltpu.HBM)]
     if prefetched:
         specs = {"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **specs)}
         body = functools.partial(_skip_first, body)
+    # the aliased array, the last operand, is the result (its index counts prefetched scalars)
+    aliases = {len(prefetched) + len(grouped): 0} if written else {}
     out = pl.pallas_call(
-        body, **specs,
+        body, **specs, input_output_aliases=aliases,
         out_shape=backend.result_type(out_shape, out_dtype, varying),
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
         cost_estimate=pl.CostEstimate(flops=0, transcendentals=0,
                                       bytes_accessed=groups * (m // cols) * sum(block_bytes)),
-        interpret=interpret)(*prefetched, *grouped)
-    return out.reshape(groups * rows, -1)
+        interpret=interpret)(*prefetched, *grouped, *written)
+    return out.reshape(out_shape[0] * rows, -1)
 
 
-def _row_pair(first_row):
-    """`first_row` as `(i, r)`, row i * r."""
-    if first_row is None or isinstance(first_row, tuple):
-        return first_row
-    return first_row, 1
+def _first_row(first_row):
+    """`first_row` as `(i, r, o)`, row i * r + o: from an index i, `(i, r)` or `(i, r, o)`."""
+    if first_row is None:
+        return None
+    i, r, o = (*first_row, 0)[:3] if isinstance(first_row, tuple) else (first_row, 1, 0)
+    return i, r, o
 
 
 def _skip_first(body, _prefetched_ref, *refs):
     """A body under prefetched scalars: the index maps read them, the body does not."""
     return body(*refs)
+
+
+def _skip_aliased(body, *refs):
+    """A body writing into an aliased operand (`into`): it writes the result, never reads it."""
+    return body(*refs[:-2], refs[-1])
 
 
 def _values(x, name: str) -> jax.Array:
@@ -296,9 +328,9 @@ def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
            block_cols: int | None = None, interpret=None) -> jax.Array:
     """Values `[rows, m]` (m whole blocks; up to 8 rows, or a multiple of 8) -> uint8
     `[rows, fmt.nbytes(m)]`, each row `wire.encode`'s bytes (round to nearest). With `rows`
-    and `first_row` (an index, traced or not, or `(i, r)` for row i * r; a multiple of the
-    tile's rows), x may hold more rows: the kernel encodes `rows` rows from there, where they
-    lie. `block_cols`: values of a tile's row. `interpret` as `fused_hop`: None runs natively
+    and `first_row` (an index, traced or not, or `(i, r[, o])` for row i * r + o; a multiple
+    of the tile's rows), x may hold more rows: the kernel encodes `rows` rows from there, where
+    they lie. `block_cols`: values of a tile's row. `interpret` as `fused_hop`: None runs natively
     on a TPU, in TPU interpret mode elsewhere."""
     fmt, x = checked_format(fmt), _values(x, "x")
     m = x.shape[1]
@@ -309,16 +341,19 @@ def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
     if first_row is not None and x.shape[0] % tile[0]:
         raise ValueError(f"x holds {x.shape[0]} rows, not whole tiles of {tile[0]}")
     return _call(functools.partial(_encode_body, wire_codec(fmt, x.dtype), tile), fmt, tile, m,
-                 "v", "w", jnp.uint8, interpret, x, first_row=_row_pair(first_row),
+                 "v", "w", jnp.uint8, interpret, x, first_row=_first_row(first_row),
                  message_rows=rows)
 
 
-def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None,
+def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None, into=None,
            block_cols: int | None = None, interpret=None) -> jax.Array:
     """uint8 `[rows, fmt.nbytes(m)]` -> `dtype` `[rows, m]`: `wire.decode` of each row. With
     `order` (a permutation of message indices; a message is `rows / len(order)` rows, whole
     tiles of 8), the result's message i is the decode of message `order[i]`, read where it
-    lies."""
+    lies. With `into` (`(result, per, r, o)`: result an array `[rows', m]` or a count of rows
+    for a new one), the decoded rows are laid into it, messages of `per` rows each, message i
+    from row i * r + o (all multiples of the tile's rows), the rest of it left as it was (a new
+    one's unset): `result` is returned, written in place."""
     fmt, dtype = checked_format(fmt), value_dtype(dtype)
     count(m, "m")
     w = array(wire, "wire")
@@ -330,19 +365,29 @@ def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None,
                               rows % (len(order) * tile[0])):
         raise ValueError(f"order must permute whole messages of whole tiles of {tile[0]} rows: "
                          f"{len(order)} messages of {rows} rows in all")
+    if into is not None:
+        target, per, r, o = into
+        total = target if isinstance(target, int) else target.shape[0]
+        if isinstance(target, jax.Array) and (target.shape[1:] != (m,) or target.dtype != dtype):
+            raise ValueError(f"into must be {dtype.name} [rows, {m}], got "
+                             f"{target.dtype}{list(target.shape)}")
+        if any(v % tile[0] for v in (per, r, o, total)) or rows % per or \
+                (rows // per - 1) * r + o + per > total:
+            raise ValueError(f"into lays messages of {per} rows from row i * {r} + {o} of "
+                             f"{total}: not whole tiles of {tile[0]} rows, or past its end")
     w = _wire(w, fmt, rows, m, f"{m} values of {fmt} a row")
     codec = wire_codec(fmt, jnp.float32)
     return _call(functools.partial(_decode_body, codec, tile, dtype), fmt, tile, m, "w", "v",
-                 dtype, interpret, w, order=None if order is None else tuple(order))
+                 dtype, interpret, w, order=None if order is None else tuple(order), into=into)
 
 
 def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = None,
         interpret=None) -> jax.Array:
     """One ring hop, `encode(decode(wire) + local)` with the sum in f32: wire uint8
     `[rows, fmt.nbytes(m)]` and local `[rows, m]` -> the next message, bitwise
-    `kernels.hop_reference`'s. With `first_row` (an index, traced or not, or `(i, r)` for row
-    i * r; a multiple of the tile's rows: of 8 when the message has 8 or more), local may hold
-    more rows, and the kernel adds the wire's count of rows from there, where they lie,
+    `kernels.hop_reference`'s. With `first_row` (an index, traced or not, or `(i, r[, o])` for
+    row i * r + o; a multiple of the tile's rows: of 8 when the message has 8 or more), local may
+    hold more rows, and the kernel adds the wire's count of rows from there, where they lie,
     cutting nothing out first."""
     fmt, local = checked_format(fmt), _values(local, "local")
     m = local.shape[1]
@@ -352,7 +397,7 @@ def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = No
         raise ValueError(f"local holds {local.shape[0]} rows, not whole tiles of {tile[0]}")
     w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of {rows} rows")
     return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile), fmt, tile,
-                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_row_pair(first_row))
+                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_first_row(first_row))
 
 
 def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,

@@ -41,6 +41,12 @@ from .hop import wire_codec
 __all__ = ["RowCodec", "message_rows"]
 
 
+def _cut(source: jax.Array, start, count: int, window) -> jax.Array:
+    """Chunks `start .. start + count` of `source`, of each its columns `window` (or all)."""
+    rows = lax.dynamic_slice_in_dim(source, start, count)
+    return rows if window is None else lax.slice_in_dim(rows, window[0], sum(window), axis=1)
+
+
 def message_rows(m: int, fmt: Format) -> int | None:
     """How the collectives lay a message of `m` values out for the kernels: rows of 128 blocks
     (whole tiles, 8 rows at a time) when m is a multiple of 8 x 128 blocks, else 8 rows of at
@@ -143,30 +149,72 @@ class RowCodec:
         """Whether `hop` runs as one kernel on messages of `m` values."""
         return self._rows(m) is not None
 
-    def encode_at(self, source: jax.Array, start, count: int) -> jax.Array:
-        """`encode(source[start:start + count])` (rows of `m` values each, `start` traced),
-        `[count, R, bytes]`, the rows read where they lie (as `hop_at`). Needs `fuses(m)`."""
-        m = math.prod(source.shape[1:])
+    def _in_place(self, shape, count: int, window) -> tuple[int, tuple | None]:
+        """(m, place): a message is `count` chunks of an array of `shape` `[chunks, ...]`, of
+        each its columns `window` (`(first, columns)` of axis 1; None: all), m values a chunk.
+        `place` is `(rows, r, o)`: the message's rows of `m / rows` values, chunk c's first at
+        row c * r + o of the array taken as such rows, so the kernels read (or write) them where
+        they lie; None where they cannot: no rows for m, a chunk or the window not on whole
+        tiles of rows, or several chunks whose windows are not one run of rows."""
+        unit = math.prod(shape[2:])
+        first, cols = (0, shape[1]) if window is None else window
+        m = cols * unit
         rows = self._rows(m)
         if rows is None or self.body:
-            return self.encode(lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
+            return m, None
+        width = m // rows
+        whole, offset = shape[1] * unit, first * unit
+        if whole % width or offset % width:
+            return m, None
+        r, o = whole // width, offset // width
+        if r % TILE_ROWS or o % TILE_ROWS or (count > 1 and r != rows):
+            return m, None
+        return m, (rows, r, o)
+
+    def encode_at(self, source: jax.Array, start, count: int, window=None) -> jax.Array:
+        """`encode(source[start:start + count])` (chunks of `m` values each, `start` traced; of
+        each only its columns `window` where given), `[count, R, bytes]`, the rows read where
+        they lie (as `hop_at`). Needs `fuses(m)`."""
+        m, place = self._in_place(source.shape, count, window)
+        if place is None:
+            return self.encode(_cut(source, start, count, window).reshape(count, m))
+        rows, r, o = place
         w = encode(source.reshape(-1, m // rows), self.fmt, rows=count * rows,
-                   first_row=(start, rows), interpret=self.interpret)
+                   first_row=(start, r, o), interpret=self.interpret)
         return w.reshape(count, rows, w.shape[-1])
 
-    def hop_at(self, buf: jax.Array, source: jax.Array, start, count: int) -> jax.Array:
-        """`hop(buf, source[start:start + count])` (rows of `m` values each, `start` traced),
+    def hop_at(self, buf: jax.Array, source: jax.Array, start, count: int,
+               window=None) -> jax.Array:
+        """`hop(buf, source[start:start + count])` (chunks of `m` values each, `start` traced;
+        of each only its columns `window` where given: a piece of a pipelined chunk),
         `[count, R, bytes]`, with the rows read where they lie in `source`: XLA:TPU writes a
         slice that feeds a kernel to HBM first (a custom call cannot fuse it), a whole extra
         pass over a ring's input. Needs `fuses(m)`."""
-        m = math.prod(source.shape[1:])
-        rows = self._rows(m)
-        if rows is None or self.body:  # hop's refusal, or the body on whole messages
-            return self.hop(buf, lax.dynamic_slice_in_dim(source, start, count).reshape(count, m))
+        m, place = self._in_place(source.shape, count, window)
+        if place is None:  # hop's refusal, or the body on whole messages
+            return self.hop(buf, _cut(source, start, count, window).reshape(count, m))
+        rows, r, o = place
         width = self.fmt.nbytes(m // rows)
         w = hop(buf.reshape(-1, width), source.reshape(-1, m // rows), self.fmt,
-                first_row=(start, rows), interpret=self.interpret)
+                first_row=(start, r, o), interpret=self.interpret)
         return w.reshape(count, rows, width)
+
+    def places(self, shape, window) -> bool:
+        """Whether `decode_into` writes each chunk's columns `window` of an array of `shape`
+        `[chunks, ...]` where they lie."""
+        return self._in_place(shape, 1, window)[1] is not None
+
+    def decode_into(self, buf: jax.Array, out, window, dtype, order=None) -> jax.Array:
+        """Messages `buf` `[chunks, ...]` decoded (in `order`: message `order[i]` for chunk i),
+        each written over its chunk's columns `window` of `out`: an array `[chunks, ...]`, in
+        place, or a `jax.ShapeDtypeStruct` for a new one, whose other columns are then unset
+        (a pipeline's later pieces fill them). Needs `places(out.shape, window)`."""
+        m, (rows, r, o) = self._in_place(out.shape, 1, window)
+        target = out.reshape(-1, m // rows) if isinstance(out, jax.Array) else \
+            out.shape[0] * r
+        v = decode(buf.reshape(-1, self.fmt.nbytes(m // rows)), self.fmt, m // rows, dtype,
+                   order=order, into=(target, rows, r, o), interpret=self.interpret)
+        return v.reshape(out.shape)
 
     def reduce(self, buf: jax.Array, m: int) -> jax.Array:
         """Two-shot's reduce step in one pass: p messages `[p, ...]` of `m` values -> the
