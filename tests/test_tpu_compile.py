@@ -254,20 +254,41 @@ def test_stored_record_is_whole():
     assert all(r["wire_bytes_hlo"] == r["wire_bytes"] for r in scale)
 
 
+def test_pipelined_kernels_meet_the_time_targets_as_recorded():
+    """Issue 29's time targets at 16 MiB per chip on v5e, in the stored read-back: pipelined
+    (num_chunks=2: two messages in flight, the kernels inside the transfers), every ring on the
+    kernels is re-priced within 25% of the model's time, and the bidirectional int8 ring at
+    1.4x psum's speed or more. Not at num_chunks=1, where the 8-bit bidirectional rings are
+    re-priced at 1.27x the model's time and 1.18x psum's speed: nothing hides the memory passes
+    behind the link there. The test below ties the record to the compiler."""
+    stored = _stored()["read_back_at_scale"]
+    piped = [r for r in stored if r["impl"] == "mosaic" and r["num_chunks"] == 2]
+    assert {(r["algorithm"], r["format"]) for r in piped} == {
+        (a, f) for a in ("ring", "bidir_ring") for f in ("int8", "int4", "fp8_e4m3", "mxfp8")}
+    for r in piped:
+        t = r["seconds"]
+        assert t["all"] / t["model"] <= 1.25, r
+    bidir = next(r for r in piped if (r["algorithm"], r["format"]) == ("bidir_ring", "int8"))
+    assert bidir["speedup_over_psum"]["all"] >= 1.4, bidir
+
+
 @needs_libtpu
 def test_read_back_at_scale_as_recorded():
     """At 16 MiB per chip on v5e (issue 29's size for its time targets), the bidirectional int8
-    ring on the kernels, compiled afresh, has the stored ratio of XLA:TPU's bytes to the model's
-    passes (within 5%), and so the stored re-priced time; psum too. Printed: each stored
-    AllReduce's re-priced time over the model's, against the issue's 25%."""
+    ring on the kernels, compiled afresh, one message at a time and pipelined, has the stored
+    ratio of XLA:TPU's bytes to the model's passes (within 5%), and so the stored re-priced
+    time; psum too. Printed: each stored AllReduce's re-priced time over the model's, against
+    the issue's 25%."""
     stored = _stored()["read_back_at_scale"]
     for r in stored:
         t, speedup = r["seconds"], r["speedup_over_psum"]["all"]
-        print(f"{r['algorithm']:10s} {r['impl']:6s} {r['format']:9s} re-priced / model "
-              f"{t['all'] / t['model']:.2f}x, speedup over psum {speedup:.2f}x")
-    keys = {("psum", "bfloat16", "xla"), ("bidir_ring", "int8", "mosaic")}
-    old = [r for r in stored if (r["algorithm"], r["format"], r["impl"]) in keys]
-    assert len(old) == 2
+        print(f"{r['algorithm']:10s} {r['impl']:6s} {r['format']:9s} k={r['num_chunks']} "
+              f"re-priced / model {t['all'] / t['model']:.2f}x, speedup over psum "
+              f"{speedup:.2f}x")
+    keys = {("psum", None, 1, "xla"), ("bidir_ring", "int8", 1, "mosaic"),
+            ("bidir_ring", "int8", 2, "mosaic")}
+    old = [r for r in stored if _case(r) in keys]
+    assert len(old) == 3
     fresh = tpu_readback.read_back("v5e:2x4", n=tpu_readback.AT_SCALE_N,
                                    cases=tuple(_case(r) for r in old))
     for was, new in zip(old, fresh, strict=True):
