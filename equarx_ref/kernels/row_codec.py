@@ -10,8 +10,13 @@ Rows laid end to end are the flat message, so the wire bytes do not depend on th
 Two things make it more than a renaming. It fuses: `hop(message, local)` is one kernel pass,
 `encode(decode(message) + local)` with the f32 sum kept in VMEM, and `reduce` is two-shot's
 reduce step in one pass; the executor keeps a sum pending (`execute._Sum`) until one of them
-sends it. And it reads in place: `encode_at` and `hop_at` take the whole held input and a
-traced first row, where a slice would be written to HBM before a custom call could read it.
+sends it. And it works in place: `encode_at` and `hop_at` take the whole held input, a traced
+first row and, for a piece of a pipelined chunk, its window of columns, where a slice would be
+written to HBM before a custom call could read it; `decode_into` writes a piece's values
+straight into their place in the result, where XLA would join the pieces after. Either copy is
+a pass over the whole array on XLA:TPU: cut and joined, the pipelined int8 ring came to 5.0x
+psum's bytes at 16 MiB per chip, in place to 3.0x, as one message at a time (libtpu 0.0.42.1,
+v5e).
 """
 
 from __future__ import annotations
