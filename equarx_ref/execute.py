@@ -177,8 +177,7 @@ class _Held:
 
     def raw(self, chunks_of) -> jax.Array:
         """`rows` as they are held: an input row in its own dtype, a sum in f32."""
-        out = [lax.dynamic_slice_in_dim(self.values(src), _table(first)[self.me],
-                                        size).reshape(size, self.m)
+        out = [_Rows(self.values(src), _table(first)[self.me], size).cut()
                for src, first, size in self._runs(chunks_of)]
         return out[0] if len(out) == 1 else jnp.concatenate(out)
 
@@ -236,8 +235,10 @@ class _Held:
         if codec.reads_raw and key is None and codec.fuses(self.m):
             values = self.lazy(chunks_of)
             if isinstance(values, _Rows) and (values.shape[0] == 1 or not flat):
-                message = codec.encode_at(values.source, values.start, values.shape[0],
-                                          values.window)
+                count = values.shape[0]
+                message = codec.encode_at(values.source, values.start, count, values.window) \
+                    if codec.places(values.source.shape, values.window, count) \
+                    else codec.encode(values.cut())
                 return message[0] if flat else message
         values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
@@ -248,9 +249,11 @@ class _Held:
             message = held.codec.reduce(held.message, self.m)
             return message if flat else message[None]
         if isinstance(held.local, _Rows) and held.codec.fuses(self.m):
-            rows = held.local
-            message = held.codec.hop_at(held.message, rows.source, rows.start, rows.shape[0],
-                                        rows.window)
+            rows, count = held.local, held.local.shape[0]
+            message = held.codec.hop_at(held.message, rows.source, rows.start, count,
+                                        rows.window) \
+                if held.codec.places(rows.source.shape, rows.window, count) \
+                else held.codec.hop(held.message, rows.cut())
             return message.reshape(-1, message.shape[-1]) if flat else message
         local = _cut(held.local)
         return held.codec.hop(held.message, local.reshape(-1) if flat else local)
@@ -341,10 +344,10 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype,
     buf = buf.reshape(p * k, *message)
     chunks = [c for d in range(p) for c in owned[d]]  # the chunk of each gathered message
     order = sorted(range(p * k), key=chunks.__getitem__)  # the message of each chunk
+    order = None if order == list(range(p * k)) else order  # None: already in chunk order
     if into is not None:
-        return codec.decode_into(buf, *into, dtype,
-                                 None if order == list(range(p * k)) else order)
-    if order == list(range(p * k)):
+        return codec.decode_into(buf, *into, dtype, order)
+    if order is None:
         return codec.decode(buf, m, dtype)
     return codec.decode_in_order(buf, m, dtype, order)
 

@@ -245,7 +245,8 @@ class Codec:
         executor decodes and adds; `kernels.row_codec.RowCodec.hop` is one)."""
         return False
 
-    def places(self, shape, window) -> bool:
-        """Whether this codec decodes a pipeline's piece straight into the result: never (the
-        executor joins the pieces; `kernels.row_codec.RowCodec.decode_into` does)."""
+    def places(self, shape, window, count: int = 1) -> bool:
+        """Whether this codec reads a message's chunks, or decodes a pipeline's piece, where
+        they lie in the array that holds them: never (the executor cuts them out and joins the
+        pieces; `kernels.row_codec.RowCodec.places` does both)."""
         return False

@@ -396,6 +396,10 @@ def test_row_codec_in_place_steps_match_the_cut_ones():
     # and back: each piece's messages decoded over its columns of one result, in place
     halves = [(0, m // 128), window]
     assert all(kernel.places(pieces.shape, w) for w in halves)
+    # a window off whole tiles of rows is not read in place: the executor cuts it out
+    assert not kernel.places(pieces.shape, (4, m // 128))
+    with pytest.raises(ValueError, match="cannot code 1 chunk"):
+        kernel.encode_at(pieces, start, 1, (4, m // 128))
     sent = [jnp.stack([kernel.encode(pieces[c, a:a + n].reshape(1, m))[0] for c in range(4)])
             for a, n in halves]
     out = jax.ShapeDtypeStruct(pieces.shape, jnp.bfloat16)

@@ -25,7 +25,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from ..formats import Format
 from ..wire import Codec
@@ -44,12 +43,6 @@ from .codec import (
 from .hop import wire_codec
 
 __all__ = ["RowCodec", "message_rows"]
-
-
-def _cut(source: jax.Array, start, count: int, window) -> jax.Array:
-    """Chunks `start .. start + count` of `source`, of each its columns `window` (or all)."""
-    rows = lax.dynamic_slice_in_dim(source, start, count)
-    return rows if window is None else lax.slice_in_dim(rows, window[0], sum(window), axis=1)
 
 
 def message_rows(m: int, fmt: Format) -> int | None:
@@ -176,14 +169,20 @@ class RowCodec:
             return m, None
         return m, (rows, r, o)
 
+    def _placed(self, shape, count: int, window) -> tuple[int, tuple]:
+        """`_in_place`, refused where the kernels cannot read the chunks where they lie."""
+        m, place = self._in_place(shape, count, window)
+        if place is None:
+            raise ValueError(f"the Mosaic codec cannot code {count} chunk(s) of an array "
+                             f"{tuple(shape)} (columns {window}) where they lie: cut them out "
+                             "first (`places` says which)")
+        return m, place
+
     def encode_at(self, source: jax.Array, start, count: int, window=None) -> jax.Array:
         """`encode(source[start:start + count])` (chunks of `m` values each, `start` traced; of
         each only its columns `window` where given), `[count, R, bytes]`, the rows read where
-        they lie (as `hop_at`). Needs `fuses(m)`."""
-        m, place = self._in_place(source.shape, count, window)
-        if place is None:
-            return self.encode(_cut(source, start, count, window).reshape(count, m))
-        rows, r, o = place
+        they lie (as `hop_at`). Needs `places(source.shape, window, count)`."""
+        m, (rows, r, o) = self._placed(source.shape, count, window)
         w = encode(source.reshape(-1, m // rows), self.fmt, rows=count * rows,
                    first_row=(start, r, o), interpret=self.interpret)
         return w.reshape(count, rows, w.shape[-1])
@@ -194,27 +193,25 @@ class RowCodec:
         of each only its columns `window` where given: a piece of a pipelined chunk),
         `[count, R, bytes]`, with the rows read where they lie in `source`: XLA:TPU writes a
         slice that feeds a kernel to HBM first (a custom call cannot fuse it), a whole extra
-        pass over a ring's input. Needs `fuses(m)`."""
-        m, place = self._in_place(source.shape, count, window)
-        if place is None:  # hop's refusal, or the body on whole messages
-            return self.hop(buf, _cut(source, start, count, window).reshape(count, m))
-        rows, r, o = place
+        pass over a ring's input. Needs `places(source.shape, window, count)`."""
+        m, (rows, r, o) = self._placed(source.shape, count, window)
         width = self.fmt.nbytes(m // rows)
         w = hop(buf.reshape(-1, width), source.reshape(-1, m // rows), self.fmt,
                 first_row=(start, r, o), interpret=self.interpret)
         return w.reshape(count, rows, width)
 
-    def places(self, shape, window) -> bool:
-        """Whether `decode_into` writes each chunk's columns `window` of an array of `shape`
-        `[chunks, ...]` where they lie."""
-        return self._in_place(shape, 1, window)[1] is not None
+    def places(self, shape, window, count: int = 1) -> bool:
+        """Whether the kernels read (`encode_at`, `hop_at`) or write (`decode_into`) `count`
+        chunks' columns `window` of an array of `shape` `[chunks, ...]` where they lie; where
+        not, the executor cuts them out (`execute._Rows.cut`) and codes the slice."""
+        return self._in_place(shape, count, window)[1] is not None
 
     def decode_into(self, buf: jax.Array, out, window, dtype, order=None) -> jax.Array:
         """Messages `buf` `[chunks, ...]` decoded (in `order`: message `order[i]` for chunk i),
         each written over its chunk's columns `window` of `out`: an array `[chunks, ...]`, in
         place, or a `jax.ShapeDtypeStruct` for a new one, whose other columns are then unset
         (a pipeline's later pieces fill them). Needs `places(out.shape, window)`."""
-        m, (rows, r, o) = self._in_place(out.shape, 1, window)
+        m, (rows, r, o) = self._placed(out.shape, 1, window)
         target = out.reshape(-1, m // rows) if isinstance(out, jax.Array) else \
             out.shape[0] * r
         v = decode(buf.reshape(-1, self.fmt.nbytes(m // rows)), self.fmt, m // rows, dtype,
