@@ -115,7 +115,8 @@ def _lanes(values: jax.Array, codec) -> jax.Array:
 class _Rows:
     """Rows `start .. start + count` of a held array `[chunks, ...]` (`start` traced), of each
     only its columns `window` (`(first, columns)` of axis 1: a pipelined piece; None: all), not
-    cut out yet: a codec's fused hop reads them where they lie (`RowCodec.hop_at`). XLA:TPU
+    cut out yet: a codec that `places` them reads them where they lie (`RowCodec.encode_at`,
+    `RowCodec.hop_at`); for any other, or where the rows are not on whole tiles, `cut`. XLA:TPU
     writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring
     that was a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1,
     `runs/tpu_bytes.py`), and cutting a pipeline's pieces out of the input another."""
