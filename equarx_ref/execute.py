@@ -132,6 +132,27 @@ class _Rows:
             rows = lax.slice_in_dim(rows, self.window[0], sum(self.window), axis=1)
         return rows.reshape(self.shape)
 
+    def placed(self, codec) -> bool:
+        """Whether `codec` reads these rows where they lie (`RowCodec.places`)."""
+        return codec.places(self.source.shape, self.window, self.shape[0])
+
+    def encode(self, codec) -> jax.Array:
+        """`codec`'s message of these rows, `[count, ...]`: read in place where it `placed`
+        them (`encode_at`), else cut out first."""
+        if self.placed(codec):
+            return codec.encode_at(self.source, self.start, self.shape[0], self.window)
+        return codec.encode(self.cut())
+
+    def hop(self, codec, message: jax.Array, into=None) -> jax.Array:
+        """`codec.hop(message, these rows)`, `[count, ...]`: read in place where it `placed`
+        them (`hop_at`, which writes into `into` where given), else cut out first."""
+        if self.placed(codec):
+            return codec.hop_at(message, self.source, self.start, self.shape[0], self.window,
+                                into)
+        if into is not None:
+            raise ValueError("only a codec that reads the rows in place writes into a message")
+        return codec.hop(message, self.cut())
+
 
 def _cut(local):
     return local.cut() if isinstance(local, _Rows) else local
@@ -229,17 +250,21 @@ class _Held:
         sums = self._pending(wanted, codec) if key is None else None
         if sums and (len(sums) == 1 or not flat) and \
                 all(codec.fuses(held.count * self.m if flat else self.m) for held in sums):
-            out = [self._fused(held, flat) for held in sums]
-            return out[0] if len(out) == 1 else jnp.concatenate(out)
+            if len(sums) == 1:
+                return self._fused(sums[0], flat)
+            if all(isinstance(held.local, _Rows) and held.local.placed(held.codec)
+                   for held in sums):  # each hop writes its place in one message: no join
+                out, i = sum(held.count for held in sums), 0
+                for held in sums:
+                    out, i = held.local.hop(held.codec, held.message, (out, i)), i + held.count
+                return out
+            return jnp.concatenate([self._fused(held, flat) for held in sums])
         # the kernels take the values as they are held (their quantizer reads a subnormal
         # as a zero of its sign itself): no f32 copy of an input chunk
         if codec.reads_raw and key is None and codec.fuses(self.m):
             values = self.lazy(chunks_of)
             if isinstance(values, _Rows) and (values.shape[0] == 1 or not flat):
-                count = values.shape[0]
-                message = codec.encode_at(values.source, values.start, count, values.window) \
-                    if codec.places(values.source.shape, values.window, count) \
-                    else codec.encode(values.cut())
+                message = values.encode(codec)
                 return message[0] if flat else message
         values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
@@ -250,11 +275,7 @@ class _Held:
             message = held.codec.reduce(held.message, self.m)
             return message if flat else message[None]
         if isinstance(held.local, _Rows) and held.codec.fuses(self.m):
-            rows, count = held.local, held.local.shape[0]
-            message = held.codec.hop_at(held.message, rows.source, rows.start, count,
-                                        rows.window) \
-                if held.codec.places(rows.source.shape, rows.window, count) \
-                else held.codec.hop(held.message, rows.cut())
+            message = held.local.hop(held.codec, held.message)
             return message.reshape(-1, message.shape[-1]) if flat else message
         local = _cut(held.local)
         return held.codec.hop(held.message, local.reshape(-1) if flat else local)

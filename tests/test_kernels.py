@@ -384,6 +384,15 @@ def test_row_codec_in_place_steps_match_the_cut_ones():
     message = kernel.encode_at(source, start, 1)
     assert np.array_equal(message, kernel.encode(cut))
     assert np.array_equal(kernel.hop_at(message, source, start, 1), kernel.hop(message, cut))
+    # two hops written into one message of two chunks (a bidirectional ring's gather), in
+    # place: the two messages joined
+    other = kernel.encode(source[0:1].reshape(1, m))
+    both = kernel.hop_at(other, source, jnp.int32(3), 1, into=(2, 1))
+    both = kernel.hop_at(message, source, start, 1, into=(both, 0))
+    assert np.array_equal(both, jnp.concatenate([kernel.hop(message, cut),
+                                                 kernel.hop(other, source[3:4].reshape(1, m))]))
+    with pytest.raises(ValueError, match="into lays messages"):
+        kernel.hop_at(message, source, start, 1, into=(1, 1))
     # a pipelined piece: chunks of two messages, the second's columns read in place
     pieces = jax.random.normal(jax.random.key(9), (4, 2 * m // 128, 128)).astype(jnp.bfloat16)
     window = (m // 128, m // 128)

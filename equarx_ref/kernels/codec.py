@@ -228,8 +228,11 @@ def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype,
                        for kind, op in zip(kinds, grouped, strict=True)]
     elif order is not None:  # the message each result message reads
         prefetched = (jnp.asarray(order, jnp.int32),)
-    if written and interpret is False:  # in HBM too, or XLA stages the result in VMEM and
-        # copies it out after: a pass over the whole result (libtpu 0.0.42.1)
+    if written and interpret is False and out_kind == "v":
+        # a decoded result in HBM too, or XLA stages it in VMEM and copies it out after: a pass
+        # over the whole result. A message laid into a buffer (`hop`) is left where XLA puts
+        # it: pinned, it was copied into VMEM for the all-gather that sends it (libtpu
+        # 0.0.42.1, a pipelined bidirectional int8 ring at 16 MiB per chip: 2.2 MB more)
         written = [pltpu.with_memory_space_constraint(written[0], pltpu.HBM)]
     if prefetched:
         specs = {"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **specs)}
@@ -262,6 +265,24 @@ def _skip_first(body, _prefetched_ref, *refs):
 def _skip_aliased(body, *refs):
     """A body writing into an aliased operand (`into`): it writes the result, never reads it."""
     return body(*refs[:-2], refs[-1])
+
+
+def _check_into(into, rows: int, tile, width: int, dtype) -> None:
+    """`into` (`(result, per, r, o)`, as `_call` lays a result of `rows` rows into it),
+    refused in one line unless its rows are `dtype` `[rows', width]` and whole tiles, the
+    messages inside it."""
+    if into is None:
+        return
+    target, per, r, o = into
+    total = target if isinstance(target, int) else target.shape[0]
+    if isinstance(target, jax.Array) and \
+            (target.shape[1:] != (width,) or target.dtype != dtype):
+        raise ValueError(f"into must be {dtype.name} [rows, {width}], got "
+                         f"{target.dtype}{list(target.shape)}")
+    if any(v % tile[0] for v in (per, r, o, total)) or rows % per or \
+            (rows // per - 1) * r + o + per > total:
+        raise ValueError(f"into lays messages of {per} rows from row i * {r} + {o} of "
+                         f"{total}: not whole tiles of {tile[0]} rows, or past its end")
 
 
 def _values(x, name: str) -> jax.Array:
@@ -365,30 +386,22 @@ def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None, into=None,
                               rows % (len(order) * tile[0])):
         raise ValueError(f"order must permute whole messages of whole tiles of {tile[0]} rows: "
                          f"{len(order)} messages of {rows} rows in all")
-    if into is not None:
-        target, per, r, o = into
-        total = target if isinstance(target, int) else target.shape[0]
-        if isinstance(target, jax.Array) and (target.shape[1:] != (m,) or target.dtype != dtype):
-            raise ValueError(f"into must be {dtype.name} [rows, {m}], got "
-                             f"{target.dtype}{list(target.shape)}")
-        if any(v % tile[0] for v in (per, r, o, total)) or rows % per or \
-                (rows // per - 1) * r + o + per > total:
-            raise ValueError(f"into lays messages of {per} rows from row i * {r} + {o} of "
-                             f"{total}: not whole tiles of {tile[0]} rows, or past its end")
+    _check_into(into, rows, tile, m, dtype)
     w = _wire(w, fmt, rows, m, f"{m} values of {fmt} a row")
     codec = wire_codec(fmt, jnp.float32)
     return _call(functools.partial(_decode_body, codec, tile, dtype), fmt, tile, m, "w", "v",
                  dtype, interpret, w, order=None if order is None else tuple(order), into=into)
 
 
-def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = None,
-        interpret=None) -> jax.Array:
+def hop(wire, local, fmt: Format, *, first_row=None, into=None,
+        block_cols: int | None = None, interpret=None) -> jax.Array:
     """One ring hop, `encode(decode(wire) + local)` with the sum in f32: wire uint8
     `[rows, fmt.nbytes(m)]` and local `[rows, m]` -> the next message, bitwise
     `kernels.hop_reference`'s. With `first_row` (an index, traced or not, or `(i, r[, o])` for
     row i * r + o; a multiple of the tile's rows: of 8 when the message has 8 or more), local may
     hold more rows, and the kernel adds the wire's count of rows from there, where they lie,
-    cutting nothing out first."""
+    cutting nothing out first. With `into` (as `decode`'s, a uint8 result of message rows),
+    the message's rows are laid into a larger buffer, not joined to others after."""
     fmt, local = checked_format(fmt), _values(local, "local")
     m = local.shape[1]
     rows = array(wire, "wire").shape[0] if first_row is not None else local.shape[0]
@@ -396,8 +409,10 @@ def hop(wire, local, fmt: Format, *, first_row=None, block_cols: int | None = No
     if first_row is not None and local.shape[0] % tile[0]:
         raise ValueError(f"local holds {local.shape[0]} rows, not whole tiles of {tile[0]}")
     w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of {rows} rows")
+    _check_into(into, rows, tile, fmt.nbytes(m), jnp.dtype(jnp.uint8))
     return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile), fmt, tile,
-                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_first_row(first_row))
+                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_first_row(first_row),
+                 into=into)
 
 
 def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,

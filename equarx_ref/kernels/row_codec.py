@@ -13,7 +13,9 @@ reduce step in one pass; the executor keeps a sum pending (`execute._Sum`) until
 sends it. And it works in place: `encode_at` and `hop_at` take the whole held input, a traced
 first row and, for a piece of a pipelined chunk, its window of columns, where a slice would be
 written to HBM before a custom call could read it; `decode_into` writes a piece's values
-straight into their place in the result, where XLA would join the pieces after. Either copy is
+straight into their place in the result, where XLA would join the pieces after, and
+`hop_at(into=...)` writes a hop's message into its place in a larger one (a bidirectional
+ring's gather sends both lanes' last sums as one message). Either copy is
 a pass over the whole array on XLA:TPU: cut and joined, the pipelined int8 ring came to 5.0x
 psum's bytes at 16 MiB per chip, in place to 3.0x, as one message at a time (libtpu 0.0.42.1,
 v5e).
@@ -188,17 +190,28 @@ class RowCodec:
         return w.reshape(count, rows, w.shape[-1])
 
     def hop_at(self, buf: jax.Array, source: jax.Array, start, count: int,
-               window=None) -> jax.Array:
+               window=None, into=None) -> jax.Array:
         """`hop(buf, source[start:start + count])` (chunks of `m` values each, `start` traced;
         of each only its columns `window` where given: a piece of a pipelined chunk),
         `[count, R, bytes]`, with the rows read where they lie in `source`: XLA:TPU writes a
         slice that feeds a kernel to HBM first (a custom call cannot fuse it), a whole extra
-        pass over a ring's input. Needs `places(source.shape, window, count)`."""
+        pass over a ring's input. Needs `places(source.shape, window, count)`.
+
+        With `into` (`(out, i)`: out messages `[chunks, R, bytes]`, or a count of chunks for a
+        new buffer whose other messages are then unset), the message is written over out's
+        messages i .. i + count, in place, and out returned: a step that sends several pending
+        sums (a bidirectional ring's gather) writes each where it goes in the one message,
+        where XLA would join them after, a pass over the message on XLA:TPU."""
         m, (rows, r, o) = self._placed(source.shape, count, window)
         width = self.fmt.nbytes(m // rows)
+        laid = None
+        if into is not None:
+            out, i = into
+            laid = (out * rows if isinstance(out, int) else out.reshape(-1, width),
+                    count * rows, count * rows, i * rows)
         w = hop(buf.reshape(-1, width), source.reshape(-1, m // rows), self.fmt,
-                first_row=(start, r, o), interpret=self.interpret)
-        return w.reshape(count, rows, width)
+                first_row=(start, r, o), into=laid, interpret=self.interpret)
+        return w.reshape(-1, rows, width)
 
     def places(self, shape, window, count: int = 1) -> bool:
         """Whether the kernels read (`encode_at`, `hop_at`) or write (`decode_into`) `count`
