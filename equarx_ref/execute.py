@@ -148,7 +148,7 @@ class _Rows:
         them (`hop_at`, which writes into `into` where given), else cut out first."""
         if self.placed(codec):
             return codec.hop_at(message, self.source, self.start, self.shape[0], self.window,
-                                into)
+                                into=into)
         if into is not None:
             raise ValueError("only a codec that reads the rows in place writes into a message")
         return codec.hop(message, self.cut())

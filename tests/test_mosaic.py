@@ -71,6 +71,31 @@ def test_mosaic_is_bitwise_xla_with_the_same_wire_bytes(algorithm, name, p, n, k
     assert sent["mosaic"] == sent["xla"]
 
 
+def test_kernels_in_place_inside_the_collective_are_bitwise_xla(monkeypatch):
+    """Off a TPU the collectives code with the kernels' body on whole messages (`RowCodec`);
+    here the kernels themselves run, in TPU interpret mode, on 4 devices (8 would deadlock a
+    2-core XLA:CPU, row_codec.py): a pipelined bidirectional ring, whose steps read the input
+    where it lies (`encode_at`, `hop_at`), write both lanes' last sums into one message
+    (`hop_at(into=...)`) and decode each piece into its place in the result (`decode_into`),
+    gives bitwise the XLA path's result."""
+    init, used = row_codec.RowCodec.__init__, []
+    monkeypatch.setattr(row_codec.RowCodec, "__init__", lambda self, fmt, dtype: init(
+        self, fmt, dtype, interpret=True))
+    for name in ("encode_at", "hop_at", "decode_into"):
+        step = getattr(row_codec.RowCodec, name)
+        monkeypatch.setattr(row_codec.RowCodec, name, lambda self, *a, _s=step, _n=name, **kw:
+                            used.append((_n, kw.get("into") is not None)) or
+                            _s(self, *a, **kw))
+    x = _data(4, 2 * 4 * 1024 * 32 * 2, jnp.bfloat16)  # 8 chunks of 2 pieces of one tile
+    kw = {"fmt": eq.Format.int8(), "algorithm": "bidir_ring", "num_chunks": 2}
+    fn, xs = _run(x, "mosaic", **kw)
+    mosaic = np.asarray(fn(xs))
+    assert {("encode_at", False), ("hop_at", False), ("hop_at", True),
+            ("decode_into", False)} == set(used), used
+    fn, xs = _run(x, "xla", **kw)
+    assert np.array_equal(_bits(mosaic), _bits(fn(xs)))
+
+
 def test_each_ring_hop_is_one_fused_step(monkeypatch):
     """A ring of p = 8 with 2 pieces: every hop after the first message, and each owner's
     gather message, is `RowCodec.hop` (decode, add and encode in one pass): 7 a piece."""
