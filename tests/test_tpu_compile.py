@@ -258,10 +258,17 @@ def test_pipelined_kernels_meet_the_time_targets_as_recorded():
     """Issue 29's time targets at 16 MiB per chip on v5e, in the stored read-back: pipelined
     (num_chunks=2: two messages in flight, the kernels inside the transfers), every ring on the
     kernels is re-priced within 25% of the model's time, and the bidirectional int8 ring at
-    1.4x psum's speed or more. Not at num_chunks=1, where the 8-bit bidirectional rings are
-    re-priced at 1.255x the model's time and 1.19x psum's speed: nothing hides the memory
-    passes behind the link there. The test below ties the record to the compiler."""
+    1.4x psum's speed or more. At num_chunks=1 nothing hides the memory passes behind the link:
+    every AllReduce on the kernels is within the 25% there too except the 8-bit bidirectional
+    rings, at 1.255x the model's time (held to 1.26x; 1.27x while XLA joined their gather's two
+    messages) and 1.19x psum's speed. The test below ties the record to the compiler."""
     stored = _stored()["read_back_at_scale"]
+    single = [r for r in stored if r["impl"] == "mosaic" and r["num_chunks"] == 1]
+    assert len(single) == 12, single
+    for r in single:
+        t, bits = r["seconds"], eq.Format.parse(r["format"]).elem_bits
+        assert t["all"] / t["model"] <= (1.26 if (r["algorithm"], bits) == ("bidir_ring", 8)
+                                         else 1.25), r
     piped = [r for r in stored if r["impl"] == "mosaic" and r["num_chunks"] == 2]
     assert {(r["algorithm"], r["format"]) for r in piped} == {
         (a, f) for a in ("ring", "bidir_ring") for f in ("int8", "int4", "fp8_e4m3", "mxfp8")}
