@@ -245,7 +245,8 @@ class _Held:
     def send(self, chunks_of, codec, key, *, flat: bool = False) -> jax.Array:
         """The message of this device's chunks `chunks_of(d)` ([chunks, m] values, or flat):
         encoded, or, where they are exactly pending sums that `codec` fuses, one after another,
-        each hop in one pass (`RowCodec.hop`): their f32 sums never leave the core."""
+        each hop in one pass (`RowCodec.hop`): their f32 sums never leave the core. Several
+        sums read in place go into one message, each hop writing its part (`hop_at(into=)`)."""
         wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
         sums = self._pending(wanted, codec) if key is None else None
         if sums and (len(sums) == 1 or not flat) and \

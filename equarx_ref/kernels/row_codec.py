@@ -13,12 +13,12 @@ reduce step in one pass; the executor keeps a sum pending (`execute._Sum`) until
 sends it. And it works in place: `encode_at` and `hop_at` take the whole held input, a traced
 first row and, for a piece of a pipelined chunk, its window of columns, where a slice would be
 written to HBM before a custom call could read it; `decode_into` writes a piece's values
-straight into their place in the result, where XLA would join the pieces after, and
-`hop_at(into=...)` writes a hop's message into its place in a larger one (a bidirectional
-ring's gather sends both lanes' last sums as one message). Either copy is
+straight into their place in the result, where XLA would join the pieces after. Either copy is
 a pass over the whole array on XLA:TPU: cut and joined, the pipelined int8 ring came to 5.0x
 psum's bytes at 16 MiB per chip, in place to 3.0x, as one message at a time (libtpu 0.0.42.1,
-v5e).
+v5e). Likewise `hop_at(into=...)` writes a hop's message into its place in a larger one: a
+bidirectional ring's gather sends both lanes' last sums as one message, which XLA joined after
+(the int8 ring at 16 MiB per chip: 102.9 MB accessed joined, 100.6 MB laid in place).
 """
 
 from __future__ import annotations
