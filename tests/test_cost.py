@@ -2,6 +2,7 @@
 pipelining helps only where compute and links can overlap, and bad input is refused."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -73,6 +74,45 @@ def test_hosts_on_a_switch_pay_every_byte_they_send(algorithm, p):
         assert sum(x.hops * x.sent_bytes for x in ph) == pytest.approx(sent, rel=1e-12)
         t = eq.predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip)
         assert t == pytest.approx(hops * 1e-4 + sent / 1e8, rel=1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
+@pytest.mark.parametrize("p", [2, 3, 8, (2, 4), (1, 8), (8, 1)])
+def test_memory_passes_are_the_specs(algorithm, p):
+    """The HBM bytes the model prices, over all phases, are the spec's passes, each array read
+    or written once (`spec.sums`): a ring's lanes each encode their first message, run p - 1
+    hops (read a message and a chunk, write a message) per axis, and every chunk, the owner's
+    own included, is decoded once; two-shot encodes every chunk, each owner sums the p messages
+    of its chunk as sent and encodes the sum, and everyone decodes p chunks. An axis of one
+    device adds nothing."""
+    shape = p if isinstance(p, tuple) else (p,)
+    total = math.prod(shape)
+    if len(shape) == 2 and algorithm not in ("ring", "bidir_ring"):
+        return
+    n = 100_003
+    for fmt in (INT8, INT4):
+        enc = fmt.nbytes
+        priced = sum(ph.hbm_bytes * max(ph.hops, 1)
+                     for ph in cost.phases(n, p, fmt=fmt, algorithm=algorithm))
+        if algorithm in ("ring", "bidir_ring"):
+            d = 2 if algorithm == "bidir_ring" else 1
+            L = -(-n // (total * d * fmt.block_size)) * fmt.block_size  # a lane's chunk
+            axes = [q for q in shape if q > 1]
+            first = L * total // axes[0]  # the first message's values
+            spec, lead = enc(first) + 2 * first, total
+            for q in axes:
+                lead //= q
+                spec += (q - 1) * (2 * enc(L * lead) + 2 * L * lead)
+            spec = d * (spec + total * (enc(L) + 2 * L))  # every chunk decoded once
+        elif algorithm == "two_shot":
+            L = -(-n // (total * fmt.block_size)) * fmt.block_size
+            spec = 2 * n + total * enc(L) + total * enc(L) + enc(L) + total * enc(L) + 2 * n
+        else:
+            spec = 2 * n + enc(n) + total * enc(n) + 2 * n
+        assert priced == pytest.approx(spec, rel=1e-12), (fmt, priced, spec)
+    if shape in ((1, 8), (8, 1)):
+        assert eq.predicted_time(n, p, fmt=INT8, algorithm=algorithm, chip="v5e") == \
+            eq.predicted_time(n, 8, fmt=INT8, algorithm=algorithm, chip="v5e")
 
 
 def test_codec_bandwidth_prices_the_quantizing_passes_only():

@@ -258,17 +258,17 @@ def test_pipelined_kernels_meet_the_time_targets_as_recorded():
     """Issue 29's time targets at 16 MiB per chip on v5e, in the stored read-back: pipelined
     (num_chunks=2: two messages in flight, the kernels inside the transfers), every ring on the
     kernels is re-priced within 25% of the model's time, and the bidirectional int8 ring at
-    1.4x psum's speed or more. At num_chunks=1 nothing hides the memory passes behind the link:
-    every AllReduce on the kernels is within the 25% there too except the 8-bit bidirectional
-    rings, at 1.255x the model's time (held to 1.26x; 1.27x while XLA joined their gather's two
-    messages) and 1.19x psum's speed. The test below ties the record to the compiler."""
+    1.4x psum's speed or more. At num_chunks=1 nothing hides the memory passes behind the link,
+    and every AllReduce on the kernels is within the 25% too: the 8-bit bidirectional rings, the
+    closest, at 1.21x the model's time (1.255x while the model left out their first encode and
+    the owner's own decode, which the kernels do) and 1.19x psum's speed. The test below ties
+    the record to the compiler."""
     stored = _stored()["read_back_at_scale"]
     single = [r for r in stored if r["impl"] == "mosaic" and r["num_chunks"] == 1]
     assert len(single) == 12, single
     for r in single:
-        t, bits = r["seconds"], eq.Format.parse(r["format"]).elem_bits
-        assert t["all"] / t["model"] <= (1.26 if (r["algorithm"], bits) == ("bidir_ring", 8)
-                                         else 1.25), r
+        t = r["seconds"]
+        assert t["all"] / t["model"] <= 1.25, r
     piped = [r for r in stored if r["impl"] == "mosaic" and r["num_chunks"] == 2]
     assert {(r["algorithm"], r["format"]) for r in piped} == {
         (a, f) for a in ("ring", "bidir_ring") for f in ("int8", "int4", "fp8_e4m3", "mxfp8")}
@@ -277,6 +277,22 @@ def test_pipelined_kernels_meet_the_time_targets_as_recorded():
         assert t["all"] / t["model"] <= 1.25, r
     bidir = next(r for r in piped if (r["algorithm"], r["format"]) == ("bidir_ring", "int8"))
     assert bidir["speedup_over_psum"]["all"] >= 1.4, bidir
+
+
+def test_kernels_move_the_models_passes_as_recorded():
+    """Every AllReduce on the kernels, in the stored read-back (both chips at 256 Ki values per
+    chip, v5e at 16 MiB), moves through its kernels exactly the HBM bytes the time model prices
+    (`tpu_readback.model_hbm_bytes`, today's model): the model's passes are the spec's, and the
+    kernels make each once. The rest of XLA:TPU's count is the collectives' buffers."""
+    stored = _stored()
+    rows = [r for r in (*stored["read_back"], *stored["read_back_at_scale"])
+            if r["impl"] == "mosaic"]
+    assert len(rows) == 2 * 12 + 20, len(rows)
+    for r in rows:
+        model = tpu_readback.model_hbm_bytes(
+            r["n"], r["p"], fmt=eq.Format.parse(r["format"]), algorithm=r["algorithm"],
+            dtype=r["dtype"], num_chunks=r["num_chunks"])
+        assert r["traffic"]["kernels"] == r["model_hbm_bytes"] == model, r
 
 
 @needs_libtpu

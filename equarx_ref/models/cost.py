@@ -12,11 +12,20 @@ Phases, for n values over p chips on a ring with wraparound (a torus axis), chun
     reduce-scatter  p - 1 hops; a hop sends one encoded chunk (bidirectional ring: two half
                     chunks, one per link direction, at once) and the receiver dequantizes it,
                     adds its own chunk in f32 and quantizes the sum: one HBM pass of
-                    2 x encoded(L) + L x input bytes.
+                    2 x encoded(L) + L x input bytes. The first message is encoded before the
+                    first hop (L x input bytes + encoded(L)), priced with the hops.
     all-gather      each owner's chunk, encoded once, reaches everyone: (p - 1) chunks arrive
                     over both link directions in ceil((p - 1) / 2) hops, each decoded as it
-                    arrives (a memory pass overlapped with the next hop when pipelined).
-    all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction.
+                    arrives (a memory pass overlapped with the next hop when pipelined); the
+                    owner decodes its own encoded chunk too, so that every device holds the
+                    same bits.
+    all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction;
+                    each owner sums the p messages of its chunk, its own included, as sent.
+
+So the memory passes are the spec's (`spec.sums`), each array read or written once per pass:
+with a format, the HBM bytes of every phase together are what the Mosaic codec's kernels move
+(XLA:TPU reads their declared bytes back, `runs/tpu_readback.py`; the ring at 16 MiB of bf16
+per chip on v5e: 59.2 MB of int8 passes, the same to the byte, and so for every format).
 
 Pipelining cuts each chunk into k pieces (`num_chunks`). With q and m the compute and link
 time of one piece on one hop, S hops take
@@ -237,26 +246,33 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         algorithm, fmt = "bidir_ring", None
     if n == 0 or total == 1:
         return []
+    shape = tuple(q for q in shape if q > 1)  # an axis of one device has no hops, no passes
     enc_all = encoded_bytes(n, fmt, dtype)
     quantized = int(fmt is not None)
     out: list[Phase] = []
     if algorithm in RING_FAMILY:
         d = 2 if algorithm == "bidir_ring" else 1
         chunk = layout(n, total * d, fmt.block_size if fmt else 1, 1)[0]
+        # one pass per lane each, priced with the first phase's hops: the first message,
+        # encoded before the first hop, and the owner's own sum, decoded with the gathered ones
+        first = quantized * d * (encoded_bytes(chunk * total // shape[0], fmt, dtype)
+                                 + chunk * total // shape[0] * itemsize)
+        own = quantized * d * (encoded_bytes(chunk, fmt, dtype) + chunk * itemsize)
         # along each axis in turn: messages hold the chunks still to be split further
         lead = total
-        for q in shape:
+        for i, q in enumerate(shape):
             lead //= q
             enc = encoded_bytes(chunk * lead, fmt, dtype)
             out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
-                             d * (2 * enc + chunk * lead * itemsize), pipelined=True,
-                             quantizes=2 * d * quantized, sent_bytes=d * enc,
+                             d * (2 * enc + chunk * lead * itemsize) + (i == 0) * first / (q - 1),
+                             pipelined=True, quantizes=2 * d * quantized, sent_bytes=d * enc,
                              primitive="two_way_permute" if d == 2 else "permute"))
         lead = 1
-        for q in reversed(shape):  # gathers run back; arriving chunks are decoded as they come
+        for i, q in enumerate(reversed(shape)):  # gathers run back, decoding as chunks come
             hops = primitive_hops("all_gather", q)
             arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
-            decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops)
+            decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops) \
+                + (i == 0) * own / hops
             out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
                              pipelined=True, quantizes=quantized, sent_bytes=arriving,
                              primitive="all_gather"))
@@ -271,7 +287,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         out += [Phase("encode", 0, 0.0, n * itemsize + p * enc, quantizes=quantized),
                 Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
                       sent_bytes=(p - 1) * enc / (p // 2), primitive="all_to_all"),
-                Phase("sum and re-encode", 0, 0.0, p * enc + chunk * itemsize + enc,
+                Phase("sum and re-encode", 0, 0.0, p * enc + enc,
                       quantizes=2 * quantized),
                 Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
                       sent_bytes=(p - 1) * enc / hops, primitive="all_gather"),
