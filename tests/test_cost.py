@@ -79,37 +79,55 @@ def test_hosts_on_a_switch_pay_every_byte_they_send(algorithm, p):
 @pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
 @pytest.mark.parametrize("p", [2, 3, 8, (2, 4), (1, 8), (8, 1)])
 def test_memory_passes_are_the_specs(algorithm, p):
-    """The HBM bytes the model prices, over all phases, are the spec's passes, each array read
-    or written once (`spec.sums`): a ring's lanes each encode their first message, run p - 1
-    hops (read a message and a chunk, write a message) per axis, and every chunk, the owner's
-    own included, is decoded once; two-shot encodes every chunk, each owner sums the p messages
-    of its chunk as sent and encodes the sum, and everyone decodes p chunks. An axis of one
-    device adds nothing."""
+    """Phase by phase, the HBM bytes the model prices are the spec's passes (`spec.sums`), each
+    array read or written once. A ring's lanes each encode their first message (priced with
+    the first reduce-scatter's hops), run q - 1 hops per axis (read a message and a bf16 chunk,
+    write a message), and every chunk, the owner's own included, is decoded once (the owner's
+    priced with the first gather's hops); unquantized, a hop reads two raw chunks and writes
+    one and nothing is decoded. Two-shot encodes every chunk, each owner sums the p messages of
+    its chunk as sent (its own too, not its bf16 chunk) and encodes the sum, and everyone
+    decodes p chunks. An axis of one device adds nothing. (On a torus the model prices every
+    hop as a fused bf16 one; the executor's first hop along the second axis reads f32 sums.)"""
     shape = p if isinstance(p, tuple) else (p,)
     total = math.prod(shape)
     if len(shape) == 2 and algorithm not in ("ring", "bidir_ring"):
         return
     n = 100_003
-    for fmt in (INT8, INT4):
-        enc = fmt.nbytes
-        priced = sum(ph.hbm_bytes * max(ph.hops, 1)
-                     for ph in cost.phases(n, p, fmt=fmt, algorithm=algorithm))
+    for fmt in (INT8, INT4, None):
+        def enc(m, fmt=fmt):  # a message of m values: encoded, or raw bf16
+            return fmt.nbytes(m) if fmt else 2 * m
+
+        def dec(m, fmt=fmt):  # decoding it: read the message, write bf16 (none if raw)
+            return fmt.nbytes(m) + 2 * m if fmt else 0
+
+        priced = [(ph.hops, ph.hbm_bytes)
+                  for ph in cost.phases(n, p, fmt=fmt, algorithm=algorithm)]
+        block = fmt.block_size if fmt else 1
         if algorithm in ("ring", "bidir_ring"):
             d = 2 if algorithm == "bidir_ring" else 1
-            L = -(-n // (total * d * fmt.block_size)) * fmt.block_size  # a lane's chunk
+            L = -(-n // (total * d * block)) * block  # a lane's chunk
             axes = [q for q in shape if q > 1]
             first = L * total // axes[0]  # the first message's values
-            spec, lead = enc(first) + 2 * first, total
-            for q in axes:
+            spec, lead = [], total
+            for i, q in enumerate(axes):
                 lead //= q
-                spec += (q - 1) * (2 * enc(L * lead) + 2 * L * lead)
-            spec = d * (spec + total * (enc(L) + 2 * L))  # every chunk decoded once
+                hop = d * (2 * enc(L * lead) + 2 * L * lead)
+                spec.append((q - 1, hop + (i == 0 and fmt is not None) * d * dec(first) / (q - 1)))
+            for i, q in enumerate(reversed(axes)):
+                hops = math.ceil((q - 1) / 2)
+                spec.append((hops, d * ((q - 1) * dec(L * lead) + (i == 0) * dec(L)) / hops))
+                lead *= q
         elif algorithm == "two_shot":
-            L = -(-n // (total * fmt.block_size)) * fmt.block_size
-            spec = 2 * n + total * enc(L) + total * enc(L) + enc(L) + total * enc(L) + 2 * n
+            L = -(-n // (total * block)) * block
+            spec = [(0, 2 * n + total * enc(L)), (total // 2, 0.0),
+                    (0, total * enc(L) + enc(L)), (math.ceil((total - 1) / 2), 0.0),
+                    (0, total * enc(L) + 2 * n)]
         else:
-            spec = 2 * n + enc(n) + total * enc(n) + 2 * n
-        assert priced == pytest.approx(spec, rel=1e-12), (fmt, priced, spec)
+            spec = [(0, 2 * n + enc(n)), (math.ceil((total - 1) / 2), 0.0),
+                    (0, total * enc(n) + 2 * n)]
+        assert [h for h, _ in priced] == [h for h, _ in spec], (fmt, priced, spec)
+        assert [b for _, b in priced] == pytest.approx([b for _, b in spec], rel=1e-12), \
+            (fmt, priced, spec)
     if shape in ((1, 8), (8, 1)):
         assert eq.predicted_time(n, p, fmt=INT8, algorithm=algorithm, chip="v5e") == \
             eq.predicted_time(n, 8, fmt=INT8, algorithm=algorithm, chip="v5e")

@@ -22,10 +22,13 @@ Phases, for n values over p chips on a ring with wraparound (a torus axis), chun
     all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction;
                     each owner sums the p messages of its chunk, its own included, as sent.
 
-So the memory passes are the spec's (`spec.sums`), each array read or written once per pass:
-with a format, the HBM bytes of every phase together are what the Mosaic codec's kernels move
-(XLA:TPU reads their declared bytes back, `runs/tpu_readback.py`; the ring at 16 MiB of bf16
-per chip on v5e: 59.2 MB of int8 passes, the same to the byte, and so for every format).
+So the memory passes are the spec's (`spec.sums`), each array read or written once per pass.
+Along one ring axis, with a format, the HBM bytes of every phase together are what the Mosaic
+codec's kernels move (XLA:TPU reads their declared bytes back, `runs/tpu_readback.py`: the
+int8 ring at 16 MiB of bf16 per chip on v5e, 59,179,008 bytes either way, and so for every
+format, schedule and depth it reads back). On a 2D torus every hop is priced as a fused one
+on bf16 chunks; the executor's first hop along the second axis reads the first axis's sums
+in f32, a little more than that.
 
 Pipelining cuts each chunk into k pieces (`num_chunks`). With q and m the compute and link
 time of one piece on one hop, S hops take
@@ -232,7 +235,9 @@ def as_chip(chip) -> Chip:
 
 def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
            num_chunks: int = 1) -> list[Phase]:
-    """The phases `predicted_time` prices, in order (a ring: reduce-scatter, all-gather, decode).
+    """The phases `predicted_time` prices, in order (a ring: its reduce-scatters, then its
+    all-gathers, whose hops decode what arrives; two-shot: encode, all-to-all, sum and
+    re-encode, all-gather, decode).
 
     `p` may be a pair (2D torus: a ring along axis 0, then along axis 1, gathers back).
     """
