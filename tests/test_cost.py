@@ -133,6 +133,34 @@ def test_memory_passes_are_the_specs(algorithm, p):
             eq.predicted_time(n, 8, fmt=INT8, algorithm=algorithm, chip="v5e")
 
 
+@pytest.mark.parametrize("algorithm, p", [
+    *((a, p) for a in ("ring", "bidir_ring") for p in (2, 8, (2, 4), (1, 8))),
+    *((a, p) for a in ("two_shot", "one_shot") for p in (2, 8))])
+def test_fixed_cost_counts_every_quantizing_pass(algorithm, p):
+    """`quantize_overhead` is paid once per (de)quantizing pass the executor runs: a ring's
+    lanes each encode their first message and run two passes per reduce hop (decode what
+    arrived, encode the sum); a gather hop decodes what arrived, both lanes' in one pass, and
+    the owner's own sums once more; two-shot encodes, sums and re-encodes (two), decodes;
+    one-shot encodes and decodes. A pass run once is spread over its phase's hops, as its
+    bytes are."""
+    shape = p if isinstance(p, tuple) else (p,)
+    n = 100_003
+    priced = sum(max(ph.hops, 1) * ph.quantizes
+                 for ph in cost.phases(n, p, fmt=INT8, algorithm=algorithm))
+    if algorithm in ("ring", "bidir_ring"):
+        d = 2 if algorithm == "bidir_ring" else 1
+        axes = [q for q in shape if q > 1]
+        passes = d + sum(2 * d * (q - 1) + math.ceil((q - 1) / 2) for q in axes) + 1
+    else:
+        passes = 4 if algorithm == "two_shot" else 2
+    assert priced == pytest.approx(passes, rel=1e-12)
+    assert sum(ph.quantizes for ph in cost.phases(n, p, fmt=None, algorithm=algorithm)) == 0
+    chip = dataclasses.replace(eq.CHIPS["v5e"], quantize_overhead=1e-6)
+    added = eq.predicted_time(n, p, fmt=INT8, algorithm=algorithm, chip=chip) \
+        - eq.predicted_time(n, p, fmt=INT8, algorithm=algorithm, chip="v5e")
+    assert added == pytest.approx(passes * 1e-6, rel=1e-9)  # at k = 1 nothing overlaps
+
+
 def test_codec_bandwidth_prices_the_quantizing_passes_only():
     """A slower (de)quantizing pass (a CPU's exact rounding) slows the quantized AllReduce, not
     the unquantized one; None prices it as a memory pass."""

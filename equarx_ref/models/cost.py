@@ -107,8 +107,9 @@ class Chip:
             fused kernel that reads and writes each byte once is memory bound on a TPU (an
             assumption: EQuARX's kernels are not public). On a CPU the exact rounding makes
             the pass compute bound, so the multi-host benchmark measures it.
-        quantize_overhead: fixed seconds a quantized hop costs beyond its memory pass (kernel
-            launch, the latency of finding each block's scale). No public figure exists for
+        quantize_overhead: fixed seconds each (de)quantizing pass costs beyond its memory
+            traffic (kernel launch, the latency of finding each block's scale; a reduce hop
+            runs two passes per lane, `Phase.quantizes`). No public figure exists for
             TPUs, so their presets say 0 and quantizing then never loses in the model; set it
             from a measurement to get a real crossover (`crossover_bytes`).
         fresh_bandwidth: bytes/s of first touching memory fresh from the operating system,
@@ -206,7 +207,8 @@ class Phase:
         hbm_bytes: bytes read and written per hop (or in total when hops == 0).
         pipelined: whether its hops are cut into `num_chunks` pieces.
         quantizes: (de)quantizing passes it runs per hop (or in total when hops == 0), each
-            paying the chip's `quantize_overhead`.
+            paying the chip's `quantize_overhead`; a pass run once in a phase of hops (a
+            ring's first encode, the owner's own decode) is spread over them, as its bytes are.
         sent_bytes: bytes the device sends per hop over all its links together: what one
             network link carries when there is only one (`Chip.links == 1`). Summed over the
             phases' hops it is `wire_bytes`.
@@ -218,7 +220,7 @@ class Phase:
     link_bytes: float
     hbm_bytes: float
     pipelined: bool = False
-    quantizes: int = 0
+    quantizes: float = 0
     sent_bytes: float = 0.0
     primitive: str = "permute"
 
@@ -258,10 +260,11 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     if algorithm in RING_FAMILY:
         d = 2 if algorithm == "bidir_ring" else 1
         chunk = layout(n, total * d, fmt.block_size if fmt else 1, 1)[0]
-        # one pass per lane each, priced with the first phase's hops: the first message,
-        # encoded before the first hop, and the owner's own sum, decoded with the gathered ones
-        first = quantized * d * (encoded_bytes(chunk * total // shape[0], fmt, dtype)
-                                 + chunk * total // shape[0] * itemsize)
+        # priced with the first phase's hops: each lane's first message, encoded before the
+        # first hop (a pass per lane), and the owner's own sums, decoded with the gathered ones
+        # (the lanes' bytes in one pass, as a gather hop decodes both lanes' arrivals in one)
+        message = chunk * total // shape[0]  # a first hop's chunk: what axis 0 splits further
+        first = quantized * d * (encoded_bytes(message, fmt, dtype) + message * itemsize)
         own = quantized * d * (encoded_bytes(chunk, fmt, dtype) + chunk * itemsize)
         # along each axis in turn: messages hold the chunks still to be split further
         lead = total
@@ -270,7 +273,8 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             enc = encoded_bytes(chunk * lead, fmt, dtype)
             out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
                              d * (2 * enc + chunk * lead * itemsize) + (i == 0) * first / (q - 1),
-                             pipelined=True, quantizes=2 * d * quantized, sent_bytes=d * enc,
+                             pipelined=True, quantizes=quantized * d * (2 + (i == 0) / (q - 1)),
+                             sent_bytes=d * enc,
                              primitive="two_way_permute" if d == 2 else "permute"))
         lead = 1
         for i, q in enumerate(reversed(shape)):  # gathers run back, decoding as chunks come
@@ -279,7 +283,8 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops) \
                 + (i == 0) * own / hops
             out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
-                             pipelined=True, quantizes=quantized, sent_bytes=arriving,
+                             pipelined=True, quantizes=quantized * (1 + (i == 0) / hops),
+                             sent_bytes=arriving,
                              primitive="all_gather"))
             lead *= q
         return out
