@@ -33,11 +33,11 @@ the same array (and to their fewest bytes, 4n per chip: the input read once, the
 once; what crosses the wire is not in "bytes accessed"). The project's targets are 2x for a
 codec program (`TARGET`) and 3x psum's for an AllReduce (`ALL_REDUCE_TARGET`). The Pallas
 kernels meet the first (their grids move the fewest bytes: 1.0x); the XLA path does not
-(10-130x). On the kernels every AllReduce meets the second (int8 at 1 MiB: the ring 2.77x,
-two-shot 2.66x, the bidirectional ring 2.85x; 2.97x at 1/4 MiB), each kernel reading its
+(11-95x at 1 MiB). On the kernels every AllReduce meets the second (int8 at 1 MiB: the ring
+2.77x, two-shot 2.66x, the bidirectional ring 2.78x; 2.90x at 1/4 MiB), each kernel reading its
 chunk of the input where it lies (`kernels/codec.py`). XLA's own total is higher for the
-8-bit rings (3.0-3.2x at 1 MiB): it counts each collective permute's message about once more
-when it lands, which the tally here counts once. The XLA path's AllReduces stay at 50-100x.
+8-bit rings (3.0-3.1x at 1 MiB): it counts each collective permute's message about once more
+when it lands, which the tally here counts once. The XLA path's AllReduces stay at 43-98x.
 The tests hold the kernels to both targets and the XLA path to today's figures as regression
 bounds.
 
@@ -51,9 +51,10 @@ XLA-op quantizer of the spec's blocks comes near the 2x target; a kernel that co
 place (1.0x) does.
 
 The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
-same to 0.1x at 1/4, 1, 4 and 16 MiB; the int8 ring 53.5x psum's at 1/4 MiB, 52.9x at 16), but
-XLA:TPU's compile time grows with it (an int8 encode: 8 s at 1 MiB, 30-60 s at 16 MiB on 2
-shared cores): the tests compile 1/4 MiB, the command 16 MiB unless told (`--bytes MIB`).
+same to 0.1x at 1/4, 1, 4 and 16 MiB; the int8 ring 51.3x psum's at 1/4 MiB, 51.6x at 1, 50.8x
+at 16), but XLA:TPU's compile time grows with it (an int8 encode: 8 s at 1 MiB, 30-60 s at 16
+MiB on 2 shared cores): the tests compile 1/4 MiB, the command 16 MiB unless told
+(`--bytes MIB`).
 
 Trade-off: bytes accessed is a count, not a time: it ignores what overlaps and what a fusion
 keeps in VMEM between its own loops (`hlo_memory.py` takes the count apart). It is the one
