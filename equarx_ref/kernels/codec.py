@@ -51,8 +51,9 @@ read them in (`order`) where the bidirectional ring transposed their bytes first
 memory-space assignment then staged the whole input in VMEM before the hops, a copy as large
 as the slices, unless the operand is pinned to HBM (`with_memory_space_constraint`). With
 both, the int8 ring came to 2.79x psum's bytes and the bidirectional ring to 2.97x (from 3.80x
-and 4.53x; libtpu 0.0.42.1, v5e, 1/4 MiB, `runs/tpu_bytes.py`'s count); the bidirectional
-ring's later transposed-bytes order brought it to 2.90x there.
+and 4.53x; libtpu 0.0.42.1, v5e, 1/4 MiB, `runs/tpu_bytes.py`'s count); the gather's one message
+of both lanes' last sums (`hop(into=)`) later brought the bidirectional ring to 2.90x there (a
+compile not stored; 2.78x at 1 MiB in tpu-bytes.json).
 
 What this does not claim: the kernels compile for v5e and v6e (libtpu, from this CPU machine;
 `equarx-ref kernels --compile`, family "codec": the `FORMATS` below, not the bit-packed odd
