@@ -362,7 +362,8 @@ def test_bytes_accessed_as_recorded(topology):
 
 def test_byte_ratio_table_reads_the_report():
     """`format_byte_ratios` on a written report: a row per topology x format, a column per
-    program (codec) and per algorithm (AllReduce over psum), psum over its own floor."""
+    program (codec) and per algorithm (AllReduce over psum), `x + 1` and each naive yardstick
+    a line of its own, named, and psum over its own floor."""
     from equarx_ref.runs import tpu_bytes
 
     codec = [{"topology": "v5e:2x4", "program": "x + 1", "format": "bfloat16", "ratio": 1.0},
@@ -392,6 +393,43 @@ def test_byte_ratio_table_reads_the_report():
     assert any(ln.split() == ["v5e:2x4", "int8", "xla", "53.7x"] for ln in lines)
     assert any(ln.split() == ["v5e:2x4", "int8", "pallas", "6.8x"] for ln in lines)
     assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)
+
+
+def test_naive_yardsticks_count_their_bytes_and_decode():
+    """`tpu_bytes.naive_programs`, on CPU: each yardstick's fewest bytes are its input's and
+    outputs' logical bytes, and it is a quantizer: the bf16 scale it writes times its codes is
+    within half a scale of every value, clipped codes within one (the scale it divides by is
+    the one it writes), a zero block all zeros. A bad multiple is one clear line."""
+    import math
+
+    import numpy as np
+
+    from equarx_ref.runs.tpu_bytes import NAIVE_ROW, naive_programs
+
+    n = 4 * NAIVE_ROW
+    rng = np.random.default_rng(29)
+    magnitude = 2.0 ** rng.integers(-30, 30, size=(n // 32, 1))
+    values = rng.standard_normal((n // 32, 32)) * magnitude
+    values[5] = 0.0
+    x = jnp.asarray(values.reshape(n), jnp.bfloat16)
+    progs = naive_programs(n)
+    assert [p.name for p in progs] == ["naive", "naive rows"]
+    for prog in progs:
+        (dtype, shape), = prog.args
+        out = jax.eval_shape(prog.fn, jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)))
+        moved = math.prod(shape) * jnp.dtype(dtype).itemsize + sum(
+            o.size * o.dtype.itemsize for o in jax.tree.leaves(out))
+        assert moved == prog.fewest_bytes == 3 * n + n // 16, prog.name
+        codes, scale = prog.fn(x.reshape(shape))
+        codes = np.asarray(codes, np.float64).reshape(-1, 32)
+        scale = np.asarray(scale.astype(jnp.float32), np.float64).reshape(-1, 1)
+        exact = np.asarray(x.astype(jnp.float32), np.float64).reshape(-1, 32)
+        err = np.abs(codes * scale - exact)
+        bound = np.where(np.abs(codes) < 127, 0.5 * (1 + 2.0 ** -20), 1.0) * scale
+        assert (err <= bound).all(), prog.name
+        assert not codes[5].any() and scale[5, 0] == 0
+    with pytest.raises(ValueError, match=f"expected a multiple of {NAIVE_ROW}"):
+        naive_programs(n + 32)
 
 
 #: XLA:TPU's bytes accessed over the fewest bytes (codec programs, `tpu_bytes.codec_bytes`) and
@@ -476,5 +514,5 @@ def test_codec_bytes_accessed_held_to_today(topology):
     psum = next(r for r in report["all_reduce"] if r["algorithm"] == "psum")
     assert plain["ratio"] <= 1.1 and psum["ratio"] <= 1.1, (plain, psum)
     assert not worse, (f"{topology}: a kernel program missed the 2x target, an AllReduce on the "
-                       f"kernels the 3x, or the XLA path's bytes accessed grew past today's "
-                       f"+10%: {worse}")
+                       f"kernels the 3x, the XLA path's bytes accessed grew past today's +10%, "
+                       f"or a naive yardstick came within twice the target: {worse}")

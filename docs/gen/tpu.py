@@ -15,8 +15,9 @@ from .common import Section, load, table
 
 
 def codec_table(report: dict) -> str:
-    """One line per topology, format and path: encode, decode and hop over their fewest bytes,
-    with the part that reaches HBM and the tiles' padding (`hlo_memory.memory_traffic`)."""
+    """One line per topology, format, path and program (`x + 1`, the naive yardsticks,
+    encode, decode and hop) over its fewest bytes, with the part that reaches HBM and the
+    tiles' padding (`hlo_memory.memory_traffic`)."""
     cells: dict[tuple[str, str, str], dict[str, dict]] = {}
     for r in report["codec"]:
         cells.setdefault((r["topology"], r["format"], r.get("path", "xla")), {})[

@@ -19,6 +19,7 @@ the floor agree (1.00x). The programs, on one chip, at `mib` MiB of bf16 (n valu
     encode  bf16[n] -> u8[nbytes]                      fewest 2n + nbytes
     decode  u8[nbytes] -> bf16[n]                      fewest nbytes + 2n
     hop     (u8[nbytes], bf16[n]) -> u8[nbytes]        fewest 2 nbytes + 2n
+    naive   bf16[n] -> (s8[n], bf16[n / 32])           fewest 3n + n / 16   (a yardstick)
 
 (`bench.codec_programs`, the same functions `equarx-ref bench` times), each compiled twice: the
 XLA path (`wire.Codec`, flat arrays as the collectives hand it a chunk) and the Mosaic codec's
@@ -102,12 +103,14 @@ NAIVE_ROW = 1024
 
 
 def _naive_int8(x):
-    """The naive int8 quantizer, per block of 32 values along the last axis: scale absmax / 127,
-    codes round(x / scale) (a zero block divides by 1). No exactness rule: not the spec's bits."""
+    """The naive int8 quantizer, per block of 32 values along the last axis: scale absmax / 127
+    rounded to the bf16 it is written as, codes round(x / scale) with that scale (a zero block
+    divides by 1), so codes x scale decodes it. No exactness rule: not the spec's bits."""
     blocks = x.reshape(*x.shape[:-1], -1, 32).astype(jnp.float32)
-    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / 127
-    codes = jnp.round(blocks / jnp.where(scale == 0, 1, scale)).astype(jnp.int8)
-    return codes.reshape(x.shape), scale[..., 0].astype(jnp.bfloat16)
+    scale = (jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / 127).astype(jnp.bfloat16)
+    wide = scale.astype(jnp.float32)
+    codes = jnp.round(blocks / jnp.where(wide == 0, 1, wide))
+    return jnp.clip(codes, -127, 127).astype(jnp.int8).reshape(x.shape), scale[..., 0]
 
 
 def naive_programs(n: int) -> list[Program]:
