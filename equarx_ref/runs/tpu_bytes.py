@@ -19,16 +19,18 @@ the floor agree (1.00x). The programs, on one chip, at `mib` MiB of bf16 (n valu
     encode  bf16[n] -> u8[nbytes]                      fewest 2n + nbytes
     decode  u8[nbytes] -> bf16[n]                      fewest nbytes + 2n
     hop     (u8[nbytes], bf16[n]) -> u8[nbytes]        fewest 2 nbytes + 2n
-    naive   bf16[n] -> (s8[n], bf16[n / 32])           fewest 3n + n / 16   (a yardstick)
+    naive   bf16[n] -> (s8[n], bf16[n / 32])           fewest 3n + n / 16   (a yardstick;
+                                                       also as rows of 1024, the same bytes)
 
-(`bench.codec_programs`, the same functions `equarx-ref bench` times), each compiled twice: the
-XLA path (`wire.Codec`, flat arrays as the collectives hand it a chunk) and the Mosaic codec's
-Pallas kernels (`kernels.codec`, the same bytes as a message of 8 rows: `bench.kernel_programs`).
+Encode, decode and hop are `bench.codec_programs`, the same functions `equarx-ref bench` times,
+each compiled twice (`x + 1` and the naive yardsticks only on the first): the XLA path
+(`wire.Codec`, flat arrays as the collectives hand it a chunk) and the Mosaic codec's Pallas
+kernels (`kernels.codec`, the same bytes as a message of 8 rows: `bench.kernel_programs`).
 XLA:TPU cannot see inside a kernel, so a kernel program's figure is the count of the XLA ops
 around it plus what the kernel's grid moves, each block once, which the kernels declare
-(`pl.CostEstimate`, read back by `hlo_memory.kernel_io`). The AllReduces are
-compiled over p chips, n values of bf16 per chip (`tpu_compile.compile_all_reduce`), on both
-paths: `impl="xla"`, and `impl="mosaic"` (path "pallas": the same collectives, every message
+(`pl.CostEstimate`, read back by `hlo_memory.kernel_io`). The AllReduces are compiled over
+p chips, n values of bf16 per chip (`tpu_compile.compile_all_reduce`), on both paths:
+`impl="xla"`, and `impl="mosaic"` (path "pallas": the same collectives, every message
 coded by the kernels, counted the same way); their ratio is to `lax.psum`'s bytes accessed for
 the same array (and to their fewest bytes, 4n per chip: the input read once, the result written
 once; what crosses the wire is not in "bytes accessed"). The project's targets are 2x for a
@@ -104,8 +106,10 @@ NAIVE_ROW = 1024
 
 def _naive_int8(x):
     """The naive int8 quantizer, per block of 32 values along the last axis: scale absmax / 127
-    rounded to the bf16 it is written as, codes round(x / scale) with that scale (a zero block
-    divides by 1), so codes x scale decodes it. No exactness rule: not the spec's bits."""
+    rounded to the bf16 it is written as, codes round(x / scale) with that scale (a zero scale
+    divides by 1), so codes x scale decodes it to half a scale. The clip guards a subnormal
+    scale, whose coarse grid can put a code past 127; a normal one cannot (absmax / scale <=
+    127.5). No exactness rule: not the spec's bits."""
     blocks = x.reshape(*x.shape[:-1], -1, 32).astype(jnp.float32)
     scale = (jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / 127).astype(jnp.bfloat16)
     wide = scale.astype(jnp.float32)
