@@ -29,7 +29,7 @@ from jax import lax
 from .formats import Format
 
 
-def _float_codes(q: jax.Array, fmt: Format) -> jax.Array:
+def float_codes(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values of a float element (sign | exponent | mantissa, bias 1 - emin) -> int32 codes.
 
     Read off q's f32 bits: the same code XLA's f32 -> fp8 cast gives for a value on the grid,
@@ -45,8 +45,8 @@ def _float_codes(q: jax.Array, fmt: Format) -> jax.Array:
     return sign | jnp.where(normal, e - emin + 1, 0) << m | mant
 
 
-def _float_values(c: jax.Array, fmt: Format) -> jax.Array:
-    """Inverse of `_float_codes`: int32 codes -> f32 grid values. A normal code's bits, moved
+def float_values(c: jax.Array, fmt: Format) -> jax.Array:
+    """Inverse of `float_codes`: int32 codes -> f32 grid values. A normal code's bits, moved
     to f32's exponent and mantissa fields and rebiased, are the value; a subnormal code's
     mantissa counts steps of 2^(emin - m)."""
     m, emin = fmt.mant_bits, fmt.min_exponent
@@ -103,7 +103,7 @@ def _unpack_bits(payload: jax.Array, bits: int) -> jax.Array:
 
 def encode_elements(q: jax.Array, fmt: Format) -> jax.Array:
     """Grid values [..., B] -> packed uint8 [..., B * elem_bits / 8]."""
-    return pack_codes(q.astype(jnp.int32) if fmt.is_int else _float_codes(q, fmt), fmt)
+    return pack_codes(q.astype(jnp.int32) if fmt.is_int else float_codes(q, fmt), fmt)
 
 
 def pack_codes(codes: jax.Array, fmt: Format) -> jax.Array:
@@ -150,4 +150,4 @@ def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True,
     if fmt.is_int:  # two's complement of elem_bits bits
         sign = 1 << (fmt.elem_bits - 1)
         return ((c ^ sign) - sign).astype(jnp.float32)
-    return _float_values(c, fmt)
+    return float_values(c, fmt)

@@ -1,10 +1,11 @@
-"""Executing a schedule: the steps of a `Schedule`, as shard_map collectives on uint8 messages.
+"""Executing a schedule: the steps of a `Schedule`, as shard_map collectives on messages.
 
 `collectives.all_reduce` checks its arguments, picks the format (the size gate), the remedies and
 the implementation, and hands the XLA path here. `run_schedule` walks the schedule:
 
 - a reduce step of kind "permute" is one `lax.ppermute`: every device encodes the chunk the step
-  names into one uint8 buffer (payload and scales together), sends it, and the receiver decodes
+  names into one message (`wire.Message`: its payload and its scales, two lane-dense arrays
+  that travel together), sends it, and the receiver decodes
   it to f32 and adds its own copy of that chunk. The next hop re-quantizes that partial sum.
 - "all_to_all" (two-shot) sends every chunk to its owner, which decodes and sums the p copies
   in rank order; an "all_gather" in the reduce phase (one-shot) gathers whole inputs and every
@@ -17,7 +18,7 @@ the implementation, and hands the XLA path here. `run_schedule` walks the schedu
 bit (a bf16 input really sends 2 bytes per value; it is bitcast to bytes so XLA:CPU cannot widen
 it), rounded to that dtype at each hop like a bf16 ring on real hardware.
 
-A backend codec may fuse a hop (`kernels.row_codec.RowCodec`, `impl="mosaic"`): then a permute
+A backend codec may fuse a hop (`kernels.mosaic_codec.MosaicCodec`, `impl="mosaic"`): then a permute
 step keeps what it received as a pending sum (`_Sum`: the bytes plus the local chunk, named by
 its rows in the array that holds it, `_Rows`, which the codec's kernels read where they lie
 rather than from a slice XLA would write to memory first), and the step that sends exactly
@@ -52,11 +53,11 @@ from .quantize import rank_order_sum, zero_subnormals
 from .remedies.rotation import inverse_rotate
 from .remedies.rotation import rotate as rotate_blocks
 from .schedule import Schedule, layout, make_schedule
-from .wire import Codec
+from .wire import Codec, Message
 
 __all__ = ["run_schedule", "typed_all_gather"]
 
-# ---- what travels: one uint8 buffer per message (`wire.Codec`) ---------------------------
+# ---- what travels: one message, payload and scales, per send (`wire.Codec`) ----------------
 
 
 class _Wire:
@@ -68,9 +69,9 @@ class _Wire:
     def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=(), impl="xla"):
         self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
         if impl == "mosaic" and fmt is not None:  # the kernels code each message
-            from .kernels.row_codec import RowCodec  # Pallas loads only when asked for
+            from .kernels.mosaic_codec import MosaicCodec  # Pallas loads only when asked for
 
-            self.default = RowCodec(fmt, dtype)
+            self.default = MosaicCodec(fmt, dtype)
         else:
             self.default = Codec(fmt, dtype)
         self.align = plan.align if plan is not None else self.default.align
@@ -93,10 +94,16 @@ class _Wire:
 # ---- executing a schedule ------------------------------------------------------------------
 
 
-def typed_all_gather(x: jax.Array, name: str, mesh_axes, **kw) -> jax.Array:
-    """lax.all_gather, its result typed invariant over a mesh axis (`to=` exists only for
-    mesh axes: under `vmap(axis_name=...)` or `pmap` it is left out)."""
-    return lax.all_gather(x, name, **kw, **({"to": "invarying"} if name in mesh_axes else {}))
+def typed_all_gather(x, name: str, mesh_axes, **kw):
+    """lax.all_gather of an array or a message, its result typed invariant over a mesh axis
+    (`to=` exists only for mesh axes: under `vmap(axis_name=...)` or `pmap` it is left out)."""
+    extra = {"to": "invarying"} if name in mesh_axes else {}
+    return jax.tree.map(lambda a: lax.all_gather(a, name, **kw, **extra), x)
+
+
+def _each(f, message):
+    """`f` applied to each array of a message (payload, scales)."""
+    return jax.tree.map(f, message)
 
 
 def _table(values) -> jax.Array:
@@ -115,8 +122,8 @@ def _lanes(values: jax.Array, codec) -> jax.Array:
 class _Rows:
     """Rows `start .. start + count` of a held array `[chunks, ...]` (`start` traced), of each
     only its columns `window` (`(first, columns)` of axis 1: a pipelined piece; None: all), not
-    cut out yet: a codec that `places` them reads them where they lie (`RowCodec.encode_at`,
-    `RowCodec.hop_at`); for any other, or where the rows are not on whole tiles, `cut`. XLA:TPU
+    cut out yet: a codec that `places` them reads them where they lie (`MosaicCodec.encode_at`,
+    `MosaicCodec.hop_at`); for any other, or where the rows are not on whole tiles, `cut`. XLA:TPU
     writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring
     that was a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1,
     `runs/tpu_bytes.py`), and cutting a pipeline's pieces out of the input another."""
@@ -133,7 +140,7 @@ class _Rows:
         return rows.reshape(self.shape)
 
     def placed(self, codec) -> bool:
-        """Whether `codec` reads these rows where they lie (`RowCodec.places`)."""
+        """Whether `codec` reads these rows where they lie (`MosaicCodec.places`)."""
         return codec.places(self.source.shape, self.window, self.shape[0])
 
     def encode(self, codec) -> jax.Array:
@@ -143,7 +150,7 @@ class _Rows:
             return codec.encode_at(self.source, self.start, self.shape[0], self.window)
         return codec.encode(self.cut())
 
-    def hop(self, codec, message: jax.Array, into=None) -> jax.Array:
+    def hop(self, codec, message: Message, into=None) -> Message:
         """`codec.hop(message, these rows)`, `[count, ...]`: read in place where it `placed`
         them (`hop_at`, which writes into `into` where given), else cut out first."""
         if self.placed(codec):
@@ -161,11 +168,11 @@ def _cut(local):
 class _Sum:
     """A partial sum not computed yet, in f32: a ring hop's decode(message) + local (an array
     or `_Rows`), or, with no local, two-shot's p received messages `[p, ...]` decoded and
-    added in rank order. The codec's fused step (`RowCodec.hop`, `RowCodec.reduce`) sends it
+    added in rank order. The codec's fused step (`MosaicCodec.hop`, `MosaicCodec.reduce`) sends it
     onwards in one pass when the next step sends exactly it; anything else reads its values
     (`_Held.rows`)."""
 
-    def __init__(self, message: jax.Array, local: jax.Array | None, codec):
+    def __init__(self, message: Message, local: jax.Array | None, codec):
         self.message, self.local, self.codec = message, local, codec
         self.count = 1 if local is None else local.shape[0]  # chunks
 
@@ -245,7 +252,7 @@ class _Held:
     def send(self, chunks_of, codec, key, *, flat: bool = False) -> jax.Array:
         """The message of this device's chunks `chunks_of(d)` ([chunks, m] values, or flat):
         encoded, or, where they are exactly pending sums that `codec` fuses, one after another,
-        each hop in one pass (`RowCodec.hop`): their f32 sums never leave the core. Several
+        each hop in one pass (`MosaicCodec.hop`): their f32 sums never leave the core. Several
         sums read in place go into one message, each hop writing its part (`hop_at(into=)`)."""
         wanted = [[self.where[d][c] for c in chunks_of(d)] for d in range(self.p)]
         sums = self._pending(wanted, codec) if key is None else None
@@ -259,14 +266,15 @@ class _Held:
                 for held in sums:
                     out, i = held.local.hop(held.codec, held.message, (out, i)), i + held.count
                 return out
-            return jnp.concatenate([self._fused(held, flat) for held in sums])
+            return jax.tree.map(lambda *a: jnp.concatenate(a),
+                                *[self._fused(held, flat) for held in sums])
         # the kernels take the values as they are held (their quantizer reads a subnormal
         # as a zero of its sign itself): no f32 copy of an input chunk
         if codec.reads_raw and key is None and codec.fuses(self.m):
             values = self.lazy(chunks_of)
             if isinstance(values, _Rows) and (values.shape[0] == 1 or not flat):
                 message = values.encode(codec)
-                return message[0] if flat else message
+                return _each(lambda a: a[0], message) if flat else message
         values = self.raw(chunks_of) if codec.reads_raw else self.rows(chunks_of)
         return codec.encode(values.reshape(-1) if flat else values, key)
 
@@ -274,10 +282,10 @@ class _Held:
         """The message of a pending sum, by the codec's one-pass step."""
         if held.local is None:  # two-shot: p messages in, their sum's message out
             message = held.codec.reduce(held.message, self.m)
-            return message if flat else message[None]
+            return message if flat else _each(lambda a: a[None], message)
         if isinstance(held.local, _Rows) and held.codec.fuses(self.m):
             message = held.local.hop(held.codec, held.message)
-            return message.reshape(-1, message.shape[-1]) if flat else message
+            return held.codec.flatten(message) if flat else message
         local = _cut(held.local)
         return held.codec.hop(held.message, local.reshape(-1) if flat else local)
 
@@ -334,7 +342,8 @@ def _reduce_phase(sched: Schedule, held: _Held, wire: _Wire, axes) -> None:
                 got = codec.decode(buf, count * m).reshape(count, m)
                 held.store(got + held.rows(by_dst.__getitem__), by_dst.__getitem__)
         elif step.kind == "all_to_all":  # two-shot: row c goes to device c, which sums them
-            got = lax.all_to_all(held.send(everything, codec, key), group, 0, 0)
+            got = _each(lambda a: lax.all_to_all(a, group, 0, 0),
+                        held.send(everything, codec, key))
             held.store(_Sum(got, None, codec), lambda d: (d,))  # pending: summed where read
         elif step.kind == "all_gather":  # one-shot: every input to everyone, summed everywhere
             got = typed_all_gather(held.send(everything, codec, key), axes[step.axis],
@@ -358,13 +367,13 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype,
     k = len(owned[0])
     codec = wire.codec(None)
     buf = held.send(owned.__getitem__, codec, wire.rounding(None))  # [k, *message]
-    message = buf.shape[1:]  # [bytes], or the Mosaic codec's [rows, bytes]
+    dims = _each(lambda a: a.ndim - 1, buf)  # each array's dimensions of one message
     for step in (s for s in sched.steps if s.phase == "gather"):
         buf = typed_all_gather(buf, axes[step.axis], wire.mesh_axes, axis=0, tiled=False)
-    # buf is now [..., k, bytes] with one leading axis per gather, outermost = last one,
-    # which is row-major device order: [p * k, bytes], chunk owned[d][j] at row d * k + j,
-    # decoded in chunk order (the Mosaic codec reads each message where it lies)
-    buf = buf.reshape(p * k, *message)
+    # each array of buf is now [..., k, *message] with one leading axis per gather, outermost
+    # = last one, which is row-major device order: [p * k, *message], chunk owned[d][j] at
+    # message d * k + j, decoded in chunk order (the Mosaic codec reads each where it lies)
+    buf = jax.tree.map(lambda a, d: a.reshape(p * k, *a.shape[a.ndim - d:]), buf, dims)
     chunks = [c for d in range(p) for c in owned[d]]  # the chunk of each gathered message
     order = sorted(range(p * k), key=chunks.__getitem__)  # the message of each chunk
     order = None if order == list(range(p * k)) else order  # None: already in chunk order

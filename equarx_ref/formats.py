@@ -324,6 +324,18 @@ class Format:
         """Payload plus scale of one block, as sent."""
         return self.payload_bytes_per_block + self.scale_bytes
 
+    @property
+    def blocks_per_row(self) -> int:
+        """G: blocks in one row of a message (wire.py): 128 / block_size when the block
+        divides 128, else 1."""
+        return 128 // self.block_size if 128 % self.block_size == 0 else 1
+
+    @property
+    def row(self) -> int:
+        """Values in one row of a message: 128 when the block divides 128, else one block.
+        The collectives cut their chunks in whole rows."""
+        return self.blocks_per_row * self.block_size
+
     def nbytes(self, n: int) -> int:
         """Bytes `n` values occupy encoded: whole blocks of payload plus scale."""
         return -(-count(n, "n", minimum=0) // self.block_size) * self.bytes_per_block

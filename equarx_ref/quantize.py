@@ -92,11 +92,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .elements import decode_elements, encode_elements, pack_codes
+from .elements import decode_elements, float_codes, pack_codes
 from .formats import Format
 from .scales import apply_scale, block_scales, pow2, range_factor, reciprocal, split, split_up
 
-__all__ = ["Quantized", "dequantize", "quantize", "rank_order_sum", "zero_subnormals"]
+__all__ = ["BlockPlan", "Quantized", "block_codes", "block_plan", "dequantize", "plan_codes",
+           "quantize", "rank_order_sum", "zero_subnormals"]
 
 
 @jax.tree_util.register_dataclass
@@ -366,8 +367,63 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # it cost half again the max's time.)
     bits = lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF
     amax = lax.bitcast_convert_type(jnp.max(bits, axis=-1), jnp.float32)
+    u = None if key is None else jax.random.uniform(key, xb.shape, jnp.float32)
+    codes, stored = block_codes(xb, amax, fmt, u, lambda a: a[..., None],
+                                lambda a: _once(a, amax))
+    return pack_codes(codes, fmt), stored
+
+
+def block_codes(xb: jax.Array, amax: jax.Array, fmt: Format, u=None, expand=lambda a: a,
+                once=lambda a: a) -> tuple[jax.Array, jax.Array]:
+    """The element codes (int32, one per value of `xb`) and the stored scales of blocks whose
+    largest magnitudes are `amax`: `quantize_blocks` without the reduction or the packing, for
+    any arrangement of the blocks. `expand` broadcasts a per-block array against `xb` (a
+    block along the last axis: `a[..., None]`; along the first, as the TPU kernels hold them,
+    `amax` already is a row and `expand` the identity); `once` is `_once` on XLA:CPU; `u`
+    are stochastic rounding's uniforms (None: round to nearest)."""
+    plan = block_plan(amax, fmt, once)
+    return plan_codes(xb, plan, fmt, u, expand), plan.stored
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BlockPlan:
+    """What quantizing a block needs besides its values, one entry per block (`block_plan`).
+
+    Attributes:
+        stored: the scale as stored (bf16 / f32 value, or the E8M0 byte).
+        s: the scale's value times `factor` (None for E8M0, whose `inv` is exact).
+        inv: 1 / s, an estimate (E8M0: the exact power of two taking x to element units).
+        factor: the power of two `range_factor` lifts x and s by (1 for E8M0).
+        finite: the block holds no NaN or infinity.
+    """
+
+    stored: jax.Array
+    s: jax.Array | None
+    inv: jax.Array
+    factor: jax.Array | None
+    finite: jax.Array
+
+
+def block_plan(amax: jax.Array, fmt: Format, once=lambda a: a) -> BlockPlan:
+    """Per block, from its largest magnitude: the scale and what rounding onto it needs."""
     stored, s, inv = block_scales(amax, fmt)
-    finite = jnp.isfinite(amax)[..., None]
+    finite = jnp.isfinite(amax)
+    if s is None:
+        return BlockPlan(stored, None, once(inv), None, finite)
+    s = once(s)
+    stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
+    factor = range_factor(s, fmt)  # x and s scaled alike by a power of two: same ratios
+    s = s * factor
+    inv = jnp.where(s > 0, reciprocal(s), 0.0)  # an estimate (`reciprocal`)
+    return BlockPlan(stored, s, inv, factor, finite)
+
+
+def plan_codes(xb: jax.Array, plan: BlockPlan, fmt: Format, u=None,
+               expand=lambda a: a) -> jax.Array:
+    """The element codes (int32) of values `xb` on their blocks' `plan` (`expand` broadcasts a
+    per-block array against `xb`)."""
+    finite = expand(plan.finite)
     # A subnormal input reads as a zero of its sign (XLA:CPU and TPUs flush it; GPUs would
     # not), decided on its exponent bits, on the element path only: it cannot move amax (a
     # block whose largest magnitude is subnormal is tiny, scale 0 and a zero payload, either
@@ -375,27 +431,21 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # essay, "Speed" (4)), fused with the select that zeroes a non-finite block (its scale
     # alone carries it).
     xb = jnp.where(finite, zero_subnormals(xb), 0.0)
-    u = None if key is None else jax.random.uniform(key, xb.shape, jnp.float32)
-    if s is None:
-        inv = _once(inv, amax)[..., None]
-        v = jnp.where(finite, xb * inv, 0.0)  # exact: a power of two
+    if plan.s is None:
+        v = jnp.where(finite, xb * expand(plan.inv), 0.0)  # exact: a power of two
         if u is None:
-            return encode_elements(_round_to_grid(v, fmt), fmt), stored
+            q = _round_to_grid(v, fmt)
+            return q.astype(jnp.int32) if fmt.is_int else float_codes(q, fmt)
+        stored = plan.stored
         ok = (stored > 0) & (stored < 255)  # not tiny, finite: s = 2^k, k >= -125
         s = jnp.where(ok, pow2(jnp.clip(stored.astype(jnp.int32) - 127, -126, 127)), 0.0)
         factor = range_factor(s, fmt)
-        xs, s = xb * factor[..., None], (s * factor)[..., None]
-        return pack_codes(_stochastic_codes(xs, v, s, fmt, u), fmt), stored
-    s = _once(s, amax)
-    stored = s.astype(stored.dtype)  # exact: s is the stored scale's value
-    factor = range_factor(s, fmt)  # x and s scaled alike by a power of two: same ratios
-    s = s * factor
-    inv = jnp.where(s > 0, reciprocal(s), 0.0)[..., None]  # an estimate (`reciprocal`)
-    xb, s = xb * factor[..., None], s[..., None]
-    v = jnp.where(finite, xb * inv, 0.0)
+        return _stochastic_codes(xb * expand(factor), v, expand(s * factor), fmt, u)
+    xb, s = xb * expand(plan.factor), expand(plan.s)
+    v = jnp.where(finite, xb * expand(plan.inv), 0.0)
     if u is not None:
-        return pack_codes(_stochastic_codes(xb, v, s, fmt, u), fmt), stored
-    return pack_codes(_nearest_codes(xb, v, s, fmt), fmt), stored  # exact round(x / s)
+        return _stochastic_codes(xb, v, s, fmt, u)
+    return _nearest_codes(xb, v, s, fmt)  # exact round(x / s)
 
 
 def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quantized:

@@ -115,12 +115,13 @@ def _check_impl(impl, algorithm: str, axes, fmt=None, *, stochastic: bool = Fals
 
 def _check_mosaic(fmt, algorithm: str, stochastic: bool, hop_bits: str) -> None:
     """impl='mosaic': the XLA path's schedule, each message coded by the Mosaic codec's kernels
-    (`kernels.codec`): round to nearest, one format, one the TPU compile tier compiles."""
-    from .kernels.codec import FORMATS  # Pallas loads only when asked for
+    (`kernels.codec`): round to nearest, one format, one the kernels code."""
+    from .kernels.tiles import supports  # Pallas loads only when asked for
 
     if stochastic or hop_bits != "uniform":
         what = "stochastic rounding (key=)" if stochastic else f"hop_bits={hop_bits!r}"
         raise ValueError(f"impl='mosaic' rounds to nearest in one format: {what} needs "
                          "impl='xla'")
-    if fmt is not None and algorithm != "psum" and str(fmt) not in FORMATS:
-        raise ValueError(f"impl='mosaic' codes {', '.join(FORMATS)}, not {fmt}; use impl='xla'")
+    if fmt is not None and algorithm != "psum" and not supports(fmt):
+        raise ValueError(f"impl='mosaic' codes 8-bit and 4-bit elements in blocks that divide "
+                         f"128, not {fmt}; use impl='xla'")

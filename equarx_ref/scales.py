@@ -202,18 +202,21 @@ def block_scales(amax: jax.Array,
     return s, s.astype(jnp.float32), None
 
 
-def scaled(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
+def scaled(values: jax.Array, stored: jax.Array, fmt: Format,
+           expand=lambda a: a[..., None]) -> jax.Array:
     """values * scale in f32, unsaturated: E8M0 scales applied as two exact powers of two, a
-    non-finite block (E8M0 code 255) NaN."""
+    non-finite block (E8M0 code 255) NaN. `expand` broadcasts a per-block array against the
+    values (blocks along the last axis by default)."""
     if fmt.scale_dtype == "e8m0":
         k = stored.astype(jnp.int32) - E8M0_BIAS
         half = k // 2
-        out = values * pow2(half)[..., None] * pow2(k - half)[..., None]
-        return jnp.where((stored == 255)[..., None], jnp.nan, out)
-    return values * stored.astype(jnp.float32)[..., None]
+        out = values * expand(pow2(half)) * expand(pow2(k - half))
+        return jnp.where(expand(stored == 255), jnp.nan, out)
+    return values * expand(stored.astype(jnp.float32))
 
 
-def apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
+def apply_scale(values: jax.Array, stored: jax.Array, fmt: Format,
+                expand=lambda a: a[..., None]) -> jax.Array:
     """values * scale in f32 (`scaled`), saturated to f32's finite range (a finite block stays
     finite).
 
@@ -223,4 +226,4 @@ def apply_scale(values: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
     and max would drop it, saturates by comparisons: kernels/gpu.py).
     """
     big = np.finfo(np.float32).max
-    return jnp.clip(scaled(values, stored, fmt), -big, big)
+    return jnp.clip(scaled(values, stored, fmt, expand), -big, big)

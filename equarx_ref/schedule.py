@@ -32,8 +32,9 @@ copies itself. p - 1 times the bytes of the vector, one quantization per value.
 
 Layout. `layout(n, schedule.chunk_count, align, num_chunks)` says where each value goes: the
 flattened input is zero-padded to the schedule's `C` chunks of `L` values, L a multiple of
-`align` (the block size), so padding and chunk ownership depend only on the length, the devices
-and the block. Pipelining (`num_chunks=k`) cuts every chunk at block boundaries into k pieces.
+`align` (a message row, `Format.row`: 128 values, or a block where the block does not divide
+128), so padding and chunk ownership depend only on the length, the devices and the format.
+Pipelining (`num_chunks=k`) cuts every chunk at row boundaries into k pieces.
 An empty input has no chunks at all: nothing is padded, nothing sent.
 
 The all-gather phases are `all_gather` steps: each device contributes the chunks it owns and

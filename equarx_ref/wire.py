@@ -1,36 +1,38 @@
-"""The wire: a quantized array as the one uint8 buffer a collective sends, and back.
+"""The wire: what a collective sends for a message of values, and back.
 
-Wire layout. `to_bytes` lays out one uint8 buffer, block after block: each block's payload
-(its elements packed as quantize.py describes: 4-bit ones two per byte, element i of a block in
-the low nibble of byte i, element i + B/2 in its high nibble) followed by that block's scale
-bytes (the bf16/f32 bit pattern, little-endian, or the E8M0 byte). A collective sends exactly
-that buffer, so the bytes counted are the bytes sent. Block-major keeps every block's bytes
-contiguous, so encoding is one pass that writes rows: putting all payloads first and all scales
-after made XLA:CPU fuse the quantizer into a flat, strided write, 15x slower for int4
-(measured: 159 ms against 11 ms for 4M values, one core).
+A message is two lane-dense arrays, the spec's wire contract (spec/wire.py):
 
-The wire codec. `Codec(fmt, dtype)` is what a collective sends per message: `encode`d blocks of
-`fmt`, or with `fmt=None` the raw bits of `dtype` (a bf16 ring really sends 2 bytes per value),
-and the accumulation dtype the receiver adds in (f32, or f64 for f64 inputs). The executor in
-collectives.py and the Pallas kernels use this one codec, so both send the same bytes.
+    payload   uint8 [G PB, R]   payload[j PB + i, r] = byte i of block r G + j
+    scales    [G, R]            scales[j, r] = the bits of block r G + j's scale
+                                (uint16 for bf16, uint32 for f32, uint8 for E8M0)
 
-`encode` and `decode` are the collectives' hot path: `quantize` straight to wire bytes and
-back, for rows of whole blocks, with the same numerics (`decode` reads the scales as f32 straight
-from their bytes). `encode_raw` and `decode_raw` do the same for an unquantized message: the raw
-little-endian bits of its dtype, a bitcast (inside a TPU kernel the same bytes through 32-bit
-integer shifts, which Mosaic compiles).
+for a message of R rows of G blocks (G = 128 / B when the block size B divides 128, so a row
+is 128 values; else 1). Each block owns one lane: its payload bytes run down it, its scale
+sits in the same lane of the scales. A collective sends both arrays as they are, so the bytes
+counted are the bytes sent, and the scales travel as unsigned integers, which no backend
+widens (XLA:CPU sends a bf16 array as f32). A message is always whole rows: the schedules cut
+chunks in rows (`Format.row`), so the layout never has a ragged end.
 
-A bf16 or f32 scale becomes its bytes the same way: a bitcast on the XLA route, the 32-bit
-shifts only in the Mosaic form (`mosaic=True`), which refuses bitcasts between widths. The
-shifts are exact everywhere, but XLA:GPU miscompiled them once fused into the rows of a
-format whose block is an odd number of bytes with a two-byte scale (int7/b8: 7 + 2, int3/b8:
-3 + 2): a scale's low byte came out wrong under `jit` (jax 0.11.2 on an H100, 54 of 621
-bytes; `equarx-ref check` showed it), where the bitcast gives the spec's bytes.
+Why two arrays and not one buffer. One `u8[blocks, PB + scale bytes]` buffer, block after
+block, is the canonical serialization (`to_bytes`, the spec's golden bytes), but rows of 34
+bytes do not line up with anything a chip computes on: a TPU kernel spent ~243x its HBM time
+laying codes and scale bytes into them (REFERENCES.md, "The TPU's own schedule"), and GPUs
+write them byte by byte. Laid out block-per-lane, the message is the values' rows transposed:
+a TPU kernel transposes each 128 x 128 tile of values once, finds a block's maximum in
+registers and writes whole vector registers of codes (kernels/codec.py). The XLA codec here
+is the readable one: it quantizes the blocks (`quantize_blocks`) and transposes the result.
+
+`Codec(fmt, dtype)` is what the collectives send per message: `encode`d blocks of `fmt`, or
+with `fmt=None` the raw bits of `dtype` (a bf16 ring really sends 2 bytes per value, as
+uint16: a bitcast XLA:CPU cannot widen), and the accumulation dtype the receiver adds in (f32,
+or f64 for f64 inputs). The executor (execute.py) and the kernels' codec
+(`kernels.mosaic_codec.MosaicCodec`) speak its language, so every backend sends the same messages.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,72 +43,133 @@ from .formats import Format
 from .quantize import Quantized, quantize_blocks
 from .scales import apply_scale
 
-__all__ = ["decode", "decode_raw", "encode", "encode_raw", "from_bytes", "to_bytes"]
+__all__ = ["Codec", "Message", "decode", "decode_raw", "encode", "encode_raw", "from_bytes",
+           "message_shapes", "to_bytes"]
+
+_SCALE_BITS = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
-def _bits32(v: jax.Array) -> jax.Array:
-    """The bit pattern of bf16 or f32 values as int32 (bf16: in the low 16 bits).
+class Message(NamedTuple):
+    """One message, as a collective sends it (a pytree: `jax.tree.map` moves both arrays).
 
-    Same-width bitcasts and a widening integer conversion only: Mosaic (the TPU kernel
-    compiler) refuses `bitcast_convert_type` between types of different widths."""
-    if v.dtype == jnp.float32:
-        return lax.bitcast_convert_type(v, jnp.int32)
-    if v.dtype == jnp.bfloat16:
-        return lax.bitcast_convert_type(v, jnp.uint16).astype(jnp.int32)
-    raise TypeError(f"no 32-bit packing for {v.dtype}")
+    Attributes:
+        payload: uint8 `[..., G PB, R]`, or for an unquantized message the values' raw bits
+            `[..., m]` (an unsigned integer of their width).
+        scales: `[..., G, R]` scale bits (uint16 / uint32 / uint8), or None unquantized.
+    """
+
+    payload: jax.Array
+    scales: jax.Array | None = None
+
+
+def message_shapes(m: int, fmt: Format) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (payload, scales) shapes of a message of `m` values of `fmt` (whole rows)."""
+    if m % fmt.row:
+        raise ValueError(f"a message of {fmt} is whole rows of {fmt.row} values: "
+                         f"{m} values is not")
+    g, rows = fmt.blocks_per_row, m // fmt.row
+    return (g * fmt.payload_bytes_per_block, rows), (g, rows)
+
+
+def _scale_bits(stored: jax.Array, fmt: Format) -> jax.Array:
+    """Stored scales (bf16 / f32 values, E8M0 bytes) as the unsigned integers that travel."""
+    if fmt.scale_dtype == "e8m0":
+        return stored
+    return lax.bitcast_convert_type(stored, _SCALE_BITS[fmt.scale_dtype])
+
+
+def _stored_scales(bits: jax.Array, fmt: Format) -> jax.Array:
+    """Inverse of `_scale_bits`."""
+    if fmt.scale_dtype == "e8m0":
+        return bits
+    return lax.bitcast_convert_type(bits, jnp.dtype(fmt.scale_dtype))
+
+
+def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Message:
+    """Quantize rows `[..., m]` (m whole rows of `fmt`) straight to their message.
+
+    Same numerics as `quantize` (`key`: stochastic rounding), leading axes kept."""
+    *lead, m = x.shape
+    (pb_rows, rows), _ = message_shapes(m, fmt)
+    g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
+    xb = x.astype(jnp.float32).reshape(*lead, m // fmt.block_size, fmt.block_size)
+    payload, stored = quantize_blocks(xb, fmt, key)  # [..., blocks, PB], [..., blocks]
+    payload = jnp.swapaxes(payload.reshape(*lead, rows, g, pb), -3, -1)  # [..., PB, G, R]
+    payload = jnp.swapaxes(payload, -3, -2).reshape(*lead, pb_rows, rows)  # [..., G PB, R]
+    scales = jnp.swapaxes(_scale_bits(stored, fmt).reshape(*lead, rows, g), -1, -2)
+    return Message(payload, scales)
+
+
+def decode(message: Message, fmt: Format, m: int) -> jax.Array:
+    """A message of `m` values (`[..., G PB, R]`, `[..., G, R]`) -> f32 `[..., m]`."""
+    (pb_rows, rows), (g, _) = message_shapes(m, fmt)
+    payload, scales = message
+    lead = payload.shape[:-2]
+    if payload.dtype != jnp.uint8 or payload.shape[-2:] != (pb_rows, rows) or \
+            scales is None or scales.shape != (*lead, g, rows) or \
+            scales.dtype != _SCALE_BITS[fmt.scale_dtype]:
+        got = (f"{payload.dtype}{list(payload.shape)} and " + ("no scales" if scales is None
+               else f"{scales.dtype}{list(scales.shape)}"))
+        raise ValueError(f"a message of {m} values of {fmt} is uint8 [..., {pb_rows}, {rows}] "
+                         f"and {jnp.dtype(_SCALE_BITS[fmt.scale_dtype]).name}[..., {g}, "
+                         f"{rows}]; got {got}")
+    pb = fmt.payload_bytes_per_block
+    blocks = jnp.swapaxes(payload.reshape(*lead, g, pb, rows), -3, -2)  # [..., PB, G, R]
+    blocks = jnp.swapaxes(blocks, -3, -1).reshape(*lead, rows * g, pb)  # [..., blocks, PB]
+    stored = _stored_scales(jnp.swapaxes(scales, -1, -2).reshape(*lead, rows * g), fmt)
+    values = apply_scale(decode_elements(blocks, fmt), stored, fmt)
+    return values.reshape(*lead, m)
+
+
+def encode_raw(v: jax.Array, dtype) -> Message:
+    """Values `[..., m]` as the raw bits of `dtype`, an unsigned integer of its width: what an
+    unquantized message (fmt=None) sends, a bitcast, no arithmetic."""
+    dtype = jnp.dtype(dtype)
+    return Message(lax.bitcast_convert_type(v.astype(dtype), _UINT[dtype.itemsize]))
+
+
+def decode_raw(message: Message, dtype, m: int) -> jax.Array:
+    """Inverse of `encode_raw`: `[..., m]` bits -> `dtype` `[..., m]`."""
+    dtype, payload = jnp.dtype(dtype), message.payload
+    if payload.dtype != _UINT[dtype.itemsize] or payload.shape[-1] != m:
+        raise ValueError(f"an unquantized message of {m} values of {dtype.name} is "
+                         f"{jnp.dtype(_UINT[dtype.itemsize]).name}[..., {m}], got "
+                         f"{payload.dtype}{list(payload.shape)}")
+    return lax.bitcast_convert_type(payload, dtype)
+
+
+def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
+    """Bytes `m` values travel as: blocks of `fmt`, or raw `dtype` when fmt is None."""
+    return m * jnp.dtype(dtype).itemsize if fmt is None else fmt.nbytes(m)
+
+
+# ---- the canonical single buffer ------------------------------------------------------------
 
 
 def _int32_to_bytes(bits: jax.Array, width: int) -> jax.Array:
-    """int32 [...] -> uint8 [..., width]: the low `width` bytes, little-endian (32-bit ops)."""
+    """int32 [...] -> uint8 [..., width]: the low `width` bytes, little-endian."""
     parts = [(bits >> (8 * i)) & 0xFF for i in range(width)]
-    return jnp.stack(parts, axis=-1).astype(jnp.uint8)  # interleaved as int32, then narrowed
+    return jnp.stack(parts, axis=-1).astype(jnp.uint8)
 
 
 def _bytes_to_int32(raw: jax.Array) -> jax.Array:
-    """uint8 [..., width] (little-endian, width <= 4) -> int32 [...] (32-bit ops)."""
+    """uint8 [..., width] (little-endian, width <= 4) -> int32 [...]."""
     out = raw[..., 0].astype(jnp.int32)
     for i in range(1, raw.shape[-1]):
         out = out | raw[..., i].astype(jnp.int32) << (8 * i)
     return out
 
 
-def _scale_to_bytes(stored: jax.Array, fmt: Format, mosaic: bool = False) -> jax.Array:
-    """Stored scales -> uint8 `[..., scale_bytes]`, little-endian (module essay: a bitcast,
-    32-bit shifts in the Mosaic form)."""
-    if fmt.scale_dtype == "e8m0":
-        return stored[..., None]
-    if not mosaic:
-        return lax.bitcast_convert_type(stored, jnp.uint8)  # [..., scale_bytes]
-    return _int32_to_bytes(_bits32(stored), fmt.scale_bytes)  # [..., scale_bytes]
-
-
-def _scale_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
-    """The stored scales (bf16/f32 values, or E8M0 bytes) from their wire bytes."""
-    if fmt.scale_dtype == "e8m0":
-        return raw[..., 0]
-    bits = _bytes_to_int32(raw)
-    if fmt.scale_dtype == "float32":
-        return lax.bitcast_convert_type(bits, jnp.float32)
-    return lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16)
-
-
-def _scale_f32_from_bytes(raw: jax.Array, fmt: Format) -> jax.Array:
-    """The scales as f32 (E8M0: their bytes), straight from the wire: a bf16 pattern shifted
-    into the top half of an f32 is the same value, with no bf16 arithmetic on the way (what
-    `decode` uses; v5e has no bf16 vector unit)."""
-    if fmt.scale_dtype == "e8m0":
-        return raw[..., 0]
-    bits = _bytes_to_int32(raw)
-    if fmt.scale_dtype == "bfloat16":
-        bits = bits << 16
-    return lax.bitcast_convert_type(bits, jnp.float32)
-
-
-def to_bytes(q: Quantized, *, mosaic: bool = False) -> jax.Array:
-    """One uint8 buffer, block after block: its payload bytes, then its scale bytes (leading
-    batch axes kept; `mosaic=True` inside a TPU kernel: 32-bit integer operations only)."""
+def to_bytes(q: Quantized) -> jax.Array:
+    """The canonical single buffer (spec/wire.py), block after block: each block's payload
+    bytes, then its scale bytes, little-endian (leading batch axes kept)."""
     lead = q.payload.shape[:-2]
-    rows = jnp.concatenate([q.payload, _scale_to_bytes(q.scales, q.fmt, mosaic)], axis=-1)
+    if q.fmt.scale_dtype == "e8m0":
+        scale = q.scales[..., None]
+    else:
+        scale = lax.bitcast_convert_type(q.scales, jnp.uint8)  # [..., blocks, scale bytes]
+    rows = jnp.concatenate([q.payload, scale], axis=-1)
     return rows.reshape(*lead, -1)  # [..., blocks, bytes_per_block] -> [..., nbytes]
 
 
@@ -118,123 +181,80 @@ def from_bytes(buf: jax.Array, fmt: Format, shape: tuple[int, ...], dtype="float
                          f"{fmt} ({blocks * fmt.bytes_per_block} bytes)")
     rows = buf.reshape(*buf.shape[:-1], blocks, fmt.bytes_per_block)
     split = fmt.payload_bytes_per_block
-    payload, scales = rows[..., :split], _scale_from_bytes(rows[..., split:], fmt)
-    return Quantized(payload, scales, tuple(shape), jnp.dtype(dtype).name, fmt)
-
-
-def encode(x: jax.Array, fmt: Format, *, key: jax.Array | None = None,
-           mosaic: bool = False) -> jax.Array:
-    """Quantize rows `[..., n]` (n a multiple of the block) straight to wire bytes `[..., nbytes]`.
-
-    The collectives' hot path: same numerics as `quantize` (`key`: stochastic rounding),
-    keeping leading axes (`mosaic=True` inside a TPU kernel: 32-bit integer operations only).
-    """
-    *lead, n = x.shape
-    if n % fmt.block_size:
-        raise ValueError(f"encode takes rows of whole blocks: {n} values is not a multiple of "
-                         f"block_size {fmt.block_size} (quantize pads; encode does not)")
-    xb = x.astype(jnp.float32).reshape(*lead, n // fmt.block_size, fmt.block_size)
-    payload, stored = quantize_blocks(xb, fmt, key)
-    return to_bytes(Quantized(payload, stored, (n,), "float32", fmt), mosaic=mosaic)
-
-
-def decode(buf: jax.Array, fmt: Format, n: int, *, mosaic: bool = False) -> jax.Array:
-    """Wire bytes `[..., nbytes]` -> f32 `[..., n]` (inverse of `encode`; `mosaic=True` inside
-    a TPU kernel: 32-bit shifts only)."""
-    if n % fmt.block_size:
-        raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
-                         f"block_size {fmt.block_size} (use from_bytes and dequantize)")
-    if buf.dtype != jnp.uint8 or buf.shape[-1] != fmt.nbytes(n):
-        raise ValueError(f"buffer {buf.dtype}{list(buf.shape)} does not hold {n} values of "
-                         f"{fmt} ({fmt.nbytes(n)} bytes)")
-    rows = buf.reshape(*buf.shape[:-1], n // fmt.block_size, fmt.bytes_per_block)
-    split = fmt.payload_bytes_per_block
-    scales = _scale_f32_from_bytes(rows[..., split:], fmt)
-    values = apply_scale(decode_elements(rows[..., :split], fmt, mosaic=mosaic), scales, fmt)
-    return values.reshape(*buf.shape[:-1], n)
-
-
-def encode_raw(v: jax.Array, dtype, *, mosaic: bool = False) -> jax.Array:
-    """Values `[..., m]` as the raw bits of `dtype`, little-endian: uint8 `[..., m * itemsize]`.
-
-    What an unquantized message (fmt=None) sends: a bitcast, no arithmetic (the bytes in
-    memory order, little-endian on the CPUs and TPUs jax ships for; a test holds it).
-    `mosaic=True`, inside a TPU kernel, builds the same bytes for bf16 and f32 with 32-bit
-    integer shifts, which Mosaic compiles (it refuses bitcasts between widths); on XLA:CPU
-    the bf16 ring took 4.2x a plain add with them and 1.6x with the bitcast."""
-    dtype = jnp.dtype(dtype)
-    v = v.astype(dtype)
-    if mosaic and dtype in (jnp.float32, jnp.bfloat16):
-        raw = _int32_to_bytes(_bits32(v), dtype.itemsize)
+    raw = rows[..., split:]
+    if fmt.scale_dtype == "e8m0":
+        scales = raw[..., 0]
     else:
-        raw = lax.bitcast_convert_type(v, jnp.uint8)
-    return raw.reshape(*v.shape[:-1], -1)
+        bits = _bytes_to_int32(raw)
+        scales = lax.bitcast_convert_type(bits, jnp.float32) if fmt.scale_dtype == "float32" \
+            else lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16)
+    return Quantized(rows[..., :split], scales, tuple(shape), jnp.dtype(dtype).name, fmt)
 
 
-def decode_raw(buf: jax.Array, dtype, m: int, *, mosaic: bool = False) -> jax.Array:
-    """Inverse of `encode_raw`: uint8 `[..., m * itemsize]` -> `dtype` `[..., m]`."""
-    dtype = jnp.dtype(dtype)
-    if buf.dtype != jnp.uint8 or buf.shape[-1] != m * dtype.itemsize:
-        raise ValueError(f"buffer {buf.dtype}{list(buf.shape)} does not hold {m} values of "
-                         f"{dtype.name} ({m * dtype.itemsize} bytes)")
-    if dtype.itemsize == 1:
-        return lax.bitcast_convert_type(buf, dtype)
-    raw = buf.reshape(*buf.shape[:-1], m, dtype.itemsize)
-    if not mosaic:
-        return lax.bitcast_convert_type(raw, dtype)
-    if dtype == jnp.float32:
-        return lax.bitcast_convert_type(_bytes_to_int32(raw), jnp.float32)
-    if dtype == jnp.bfloat16:
-        return lax.bitcast_convert_type(_bytes_to_int32(raw).astype(jnp.uint16), jnp.bfloat16)
-    return lax.bitcast_convert_type(raw, dtype)
+# ---- the collectives' codec ------------------------------------------------------------------
 
 
-def encoded_bytes(m: int, fmt: Format | None, dtype) -> int:
-    """Bytes `m` values travel as: blocks of `fmt`, or raw `dtype` when fmt is None."""
-    return m * jnp.dtype(dtype).itemsize if fmt is None else fmt.nbytes(m)
+def _stack(messages, axis: int = 0) -> Message:
+    """Messages joined along `axis` of each array (a leading axis of chunks, or, for the
+    last axis, rows: the message of the values laid end to end)."""
+    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=axis), *messages)
 
 
 class Codec:
-    """Values <-> wire bytes: block-quantized with `fmt`, or raw bits of `dtype` if fmt is None
-    (`mosaic=True` inside a TPU kernel: 32-bit integer operations only)."""
+    """Values <-> messages: block-quantized with `fmt`, or the raw bits of `dtype` if fmt is
+    None. The executor's codec protocol (execute.py); `kernels.mosaic_codec.MosaicCodec` has the
+    same interface on the TPU kernels."""
 
-    def __init__(self, fmt: Format | None, dtype, *, mosaic: bool = False):
-        self.fmt, self.mosaic = fmt, mosaic
+    def __init__(self, fmt: Format | None, dtype):
+        self.fmt = fmt
         self.dtype = jnp.dtype(dtype)
         # accumulate in f32 (f64 for f64): fp8 does not promote implicitly, so no promote_types
         self.acc = jnp.dtype(jnp.float64 if self.dtype.itemsize > 4 else jnp.float32)
-        self.align = fmt.block_size if fmt is not None else 1
+        #: values a chunk is cut in multiples of: whole message rows
+        self.align = fmt.row if fmt is not None else 1
 
-    def encode(self, v: jax.Array, key=None) -> jax.Array:  # [..., m] -> uint8 [..., bytes]
+    def encode(self, v: jax.Array, key=None) -> Message:  # [..., m] -> Message [..., *]
         if self.fmt is not None:
-            return encode(v, self.fmt, key=key, mosaic=self.mosaic)
-        return encode_raw(v, self.dtype, mosaic=self.mosaic)
+            return encode(v, self.fmt, key=key)
+        return encode_raw(v, self.dtype)
 
-    def decode(self, buf: jax.Array, m: int, dtype=None) -> jax.Array:
-        """uint8 [..., bytes] -> values [..., m] in `dtype` (default: the accumulation dtype)."""
-        values = decode(buf, self.fmt, m, mosaic=self.mosaic) if self.fmt is not None else \
-            decode_raw(buf, self.dtype, m, mosaic=self.mosaic)
+    def decode(self, message: Message, m: int, dtype=None) -> jax.Array:
+        """A message `[..., *]` -> values `[..., m]` in `dtype` (default: the accumulation
+        dtype)."""
+        values = decode(message, self.fmt, m) if self.fmt is not None else \
+            decode_raw(message, self.dtype, m)
         return values.astype(dtype or self.acc)
 
-    def decode_in_order(self, buf: jax.Array, m: int, dtype, order) -> jax.Array:
-        """Messages `buf` `[count, bytes]` of `m` values each, decoded in `order` (a static
-        permutation of their indices): `decode(buf[order])`. The bytes are put in order
-        before decoding, by a transpose where `order` reads a `[a, count / a]` grid by
-        columns: decoding int4 into a transposed order took 1.8x as long as into rows in place
-        (16M values, XLA:CPU)."""
+    def join(self, messages) -> Message:
+        """Messages of consecutive runs of values as the one message of all of them."""
+        return _stack(messages, axis=-1)
+
+    def flatten(self, message: Message) -> Message:
+        """Messages `[count, *]` of consecutive runs of values as the one message of all."""
+        return jax.tree.map(lambda a: jnp.moveaxis(a, 0, -2).reshape(
+            *a.shape[1:-1], a.shape[0] * a.shape[-1]), message)
+
+    def decode_in_order(self, message: Message, m: int, dtype, order) -> jax.Array:
+        """Messages `[count, *]` of `m` values each, decoded in `order` (a static permutation
+        of their indices): `decode(message[order])`. The messages are put in order before
+        decoding, by a transpose where `order` reads a `[a, count / a]` grid by columns."""
         count, order = len(order), list(order)
         for a in range(2, count):
             if count % a == 0 and order == [(c % a) * (count // a) + c // a
                                             for c in range(count)]:
-                grid = buf.reshape(a, count // a, *buf.shape[1:]).swapaxes(0, 1)
-                return self.decode(grid.reshape(buf.shape), m, dtype)
-        return self.decode(jnp.take(buf, jnp.asarray(order, jnp.int32), axis=0), m, dtype)
+                grid = jax.tree.map(lambda x: jnp.swapaxes(
+                    x.reshape(a, count // a, *x.shape[1:]), 0, 1).reshape(x.shape), message)
+                return self.decode(grid, m, dtype)
+        index = jnp.asarray(order, jnp.int32)
+        return self.decode(jax.tree.map(lambda x: jnp.take(x, index, axis=0), message), m,
+                           dtype)
 
     def nbytes(self, m: int) -> int:
+        """Bytes a message of `m` values carries."""
         return encoded_bytes(m, self.fmt, self.dtype)
 
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
-    #: the Mosaic codec (`kernels.row_codec.RowCodec`) takes the input's own dtype instead.
+    #: the Mosaic codec (`kernels.mosaic_codec.MosaicCodec`) takes the input's own dtype instead.
     reads_raw = False
     #: Whether the executor holds the input as rows of 128 values (`execute.run_schedule`):
     #: the Mosaic codec's kernels read that view; this codec takes any.
@@ -242,11 +262,11 @@ class Codec:
 
     def fuses(self, m: int) -> bool:
         """Whether this codec has a one-pass hop for messages of `m` values: never (the
-        executor decodes and adds; `kernels.row_codec.RowCodec.hop` is one)."""
+        executor decodes and adds; `kernels.mosaic_codec.MosaicCodec.hop` is one)."""
         return False
 
     def places(self, shape, window, count: int = 1) -> bool:
         """Whether this codec reads a message's chunks, or decodes a pipeline's piece, where
         they lie in the array that holds them: never (the executor cuts them out and joins the
-        pieces; `kernels.row_codec.RowCodec.places` does both)."""
+        pieces; `kernels.mosaic_codec.MosaicCodec.places` does both)."""
         return False

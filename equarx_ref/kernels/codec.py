@@ -1,435 +1,396 @@
-"""The Mosaic codec: encode, decode and one ring hop as Pallas kernels that stream through HBM.
+"""The Mosaic codec: encode, decode, a ring hop and two-shot's reduce as Pallas TPU kernels.
 
-XLA:TPU compiles the package's readable codec (`wire.encode`, `wire.decode`) into fusions that
-read and write HBM many times over: libtpu counts 20-85x the fewest bytes for an encode at 1 MiB
-(`runs/tpu_bytes.py`, stored in equarx_ref/data/tpu-bytes.json). Most of it is layout, not
-arithmetic: a block of 32 values is a quarter of a 128-lane vector register, and XLA cannot
-reduce 32-lane segments, or write rows of 34 bytes, without relayouts to padded tiles in HBM.
+Each kernel streams a message through HBM in tiles of T rows (a row is 128 values, a lane of
+the message; T = 512 where the message allows, else all of it) and codes each tile in
+registers with the tile code (`tiles.py`: one transpose a 128-row tile, blocks down
+sublanes):
 
-A kernel keeps those relayouts inside the core. These kernels walk a 2-D grid over a message of
-rows: each grid step DMAs one tile from HBM into VMEM, codes it there with the package's own
-codec (`wire_codec`, `wire.encode` and `wire.decode` in their Mosaic form, the same body the
-fused hop and the ring kernel run) and DMAs the result tile back. The grid visits every tile of
-every operand and result once, so what the kernel moves through HBM is its operands and results,
-once each: the fewest bytes. Each kernel declares that figure as its cost (`pl.CostEstimate`),
-which XLA:TPU's count and `hlo_memory.kernel_io` take for it.
+    encode   values [rows, 128]                    -> message ([G PB, rows], [G, rows])
+    decode   message                               -> values [rows, 128]
+    hop      (message, local values [rows, 128])   -> the next message: encode(decode + local)
+    reduce   p messages ([p, G PB, rows], ...)     -> the message of their sum, rank order
 
-    encode  values [rows, m]                  -> wire bytes [rows, fmt.nbytes(m)]
-    decode  wire bytes [rows, fmt.nbytes(m)]  -> values [rows, m]
-    hop     (wire bytes, local values)        -> wire bytes: encode(decode(wire) + local), f32 sum
-    reduce  p messages [p, rows, nbytes(m)]   -> the message of their sum, added in rank order
-                                                 (two-shot's reduce step), f32 sum
+Values are read and written as rows of 128, a bitcast of a flat array on a TPU (XLA:TPU holds
+a flat array in tiles of 8 rows of 128), so no relayout goes through HBM; the message's two
+arrays are lane-dense by their definition (spec/wire.py). Every block of every operand and
+result is moved once: a kernel's HBM traffic is its fewest bytes. Its compute is what libtpu
+schedules for the tile code, read back from the bundle listing (`models/bundles.py`,
+`runs/tpu_schedule.py`), and each kernel's cost estimate (`pl.CostEstimate`) is only what it
+declares: its blocks' bytes, labelled as declared wherever it is shown.
 
-The bytes are the wire's (`spec.wire_bytes`): a row holds whole blocks, block after block, so
-the rows laid end to end are the flat message `wire.encode` writes, bit for bit (tests/
-test_conformance.py holds every kernel to the spec in TPU interpret mode). A tile is 8 rows by
-128 blocks: a message of more rows is taken as groups of 8 (its rows a multiple of 8), one of
-fewer as one group, and a row shorter than 128 blocks, or not a multiple of them, is one tile
-wide. Mosaic needs a tile's last two dimensions to be whole tiles of the array's layout or the
-whole dimension: 8 rows is a whole group, and 128 blocks of any format are a whole number of
-128-byte lanes (`bytes_per_block` x 128). The codec's intermediates on a tile are many times
-the tile: 32 rows of 128 int8 blocks passed v5e's default 16 MiB of scoped VMEM, and a 6-bit
-MX tile of 8 rows did too, so the kernels may use 64 MiB (`VMEM_LIMIT`, half of v5e's and
-v6e's VMEM; libtpu 0.0.42.1).
+Operands are read where they lie and results written into place, so that a collective never
+cuts a slice out for a kernel (XLA:TPU writes a slice that feeds a custom call to HBM first):
 
-Values travel lane-dense (`_dense`). XLA:TPU holds a flat array in tiles of 1024 values, 8 rows
-of 128; a values operand `[rows, m]` is tiled (8, 128) across rows instead, and reaching it
-from a flat chunk is a relayout through HBM, every value read and written once more, at every
-call. So where a tile is whole rows filling whole tiles, the kernel takes the values as rows of
-128, a bitcast of the flat array, and reshapes the tile into the message's rows in VMEM (an f32
-tile through its int32 bits, `_reshaped`, where Mosaic would fold two reshapes into one it
-cannot lay out). With the executor holding its input the same way (`row_codec.RowCodec.dense`),
-that cut `all_reduce(impl="mosaic")`'s int8 ring from 6.8x psum's bytes to 3.8x (libtpu 0.0.42.1,
-v5e, 1/4 MiB), and two-shot from 13.7x to 2.7x with its reduce step as one kernel.
+    first_row   (i, a, o): a values operand's rows start at row i a + o of a larger array,
+                i traced (a prefetched scalar the index maps read), a and o whole tiles
+    stride      with a message of `count` chunks, chunk c's rows start `stride` rows further
+    order       decode: result chunk c reads message order[c] of a stack of messages
+    into        the result laid into a larger array: a message's lanes at a lane offset of a
+                larger message (written in place, aliased), or decoded rows at rows
+                (c b + o) of a larger values array
 
-Operands are read where they lie. A ring hop adds this device's chunk of the input, at a row
-that depends on the device; cut out by a dynamic slice, the chunk is written to HBM before a
-kernel can read it (a custom call cannot fuse a slice), 1x psum's bytes over a ring. So
-`encode` and `hop` take the whole input and the first row (`first_row`, a scalar the index
-maps read: `PrefetchScalarGridSpec`), and `decode` takes gathered messages with the order to
-read them in (`order`) where the bidirectional ring transposed their bytes first (0.5x). XLA's
-memory-space assignment then staged the whole input in VMEM before the hops, a copy as large
-as the slices, unless the operand is pinned to HBM (`with_memory_space_constraint`). With
-both, the int8 ring came to 2.79x psum's bytes and the bidirectional ring to 2.97x (from 3.80x
-and 4.53x; libtpu 0.0.42.1, v5e, 1/4 MiB, `runs/tpu_bytes.py`'s count); the gather's one message
-of both lanes' last sums (`hop(into=)`) later brought the bidirectional ring to 2.90x there (a
-compile not stored; 2.78x at 1 MiB in tpu-bytes.json).
-
-What this does not claim: the kernels compile for v5e and v6e (libtpu, from this CPU machine;
-`equarx-ref kernels --compile`, family "codec": the `FORMATS` below, not the bit-packed odd
-widths, whose packing Mosaic refuses as an unsupported shape cast), and their HBM bytes are the
-fewest, but no TPU has run them here, so nothing says the vector work inside keeps up with HBM.
-The ring kernel (`ring.py`) still calls the codec on whole rows. The collectives run on these
-kernels with `all_reduce(impl="mosaic")`: `row_codec.RowCodec` is the executor's codec then,
-each message a few rows of whole blocks (`row_codec.message_rows`), each hop one `hop` call and
-two-shot's reduce step one `reduce` call.
+A message with a leading axis (`[count, G PB, r]`) is `count` chunks' messages side by side in
+memory; without one, `count` chunks are one message of `count r` lanes. `MosaicCodec`
+(mosaic_codec.py) drives these kernels for the collectives (`all_reduce(..., impl="mosaic")`).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._checks import array, count, value_dtype
+from .._checks import array, count as checked_count, value_dtype
 from ..formats import Format
-from ..quantize import rank_order_sum, zero_subnormals
-from . import backend
-from .hop import wire_codec
+from ..wire import Message, message_shapes
+from . import backend, tiles
 
-__all__ = ["FORMATS", "TILE_BLOCKS", "TILE_ROWS", "VMEM_LIMIT", "checked_format", "decode",
-           "encode", "grid", "hop", "hop_tile", "reduce", "reduce_tile"]
+__all__ = ["ROWS", "VMEM_LIMIT", "checked_format", "decode", "encode", "hop", "reduce",
+           "tile_rows", "takes"]
 
-#: A tile: TILE_ROWS rows of TILE_BLOCKS blocks (fewer where the message has fewer).
-TILE_ROWS, TILE_BLOCKS = 8, 128
-#: The formats the TPU compile tier compiles these kernels for (`equarx-ref kernels --compile`,
-#: family "codec"), so the ones `equarx-ref check` runs them with.
-FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4", "int8/f32")
+#: Rows (lanes of the message) a grid step codes, where the message has that many.
+ROWS = 512
 #: Scoped VMEM a kernel may use: 64 MiB, half of v5e's and v6e's 128 MiB.
 VMEM_LIMIT = 64 << 20
+_SCALE_BITS = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}
 
 
 def checked_format(fmt) -> Format:
-    """`fmt`, checked to be a Format (the kernels take no raw bits: `fmt=None` is the XLA
-    codec's)."""
+    """`fmt`, checked to be a format the kernels code (`tiles.supports`)."""
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
+    if not tiles.supports(fmt):
+        raise ValueError(f"the Mosaic codec takes 8-bit and 4-bit elements in blocks that "
+                         f"divide 128 (of 8 or 16 values at least); {fmt} is not one")
     return fmt
 
 
-def _tile(rows: int, m: int, fmt: Format, block_cols) -> tuple[int, int]:
-    """(rows, values) of one tile: a group of up to 8 rows, and the default or the caller's
-    width, checked."""
-    if m % fmt.block_size:
-        raise ValueError(f"rows hold {m} values, not a multiple of block_size {fmt.block_size}")
-    if rows > TILE_ROWS and rows % TILE_ROWS:
-        raise ValueError(f"a message of more than {TILE_ROWS} rows is taken {TILE_ROWS} rows at "
-                         f"a time: {rows} rows is not a multiple of {TILE_ROWS}")
-    wide = TILE_BLOCKS * fmt.block_size
-    if block_cols is None:
-        block_cols = wide if m % wide == 0 else m
-    count(block_cols, "block_cols")
-    if m % block_cols or (block_cols != m and block_cols % wide):
-        raise ValueError(f"block_cols={block_cols} must divide the row's {m} values and be a "
-                         f"multiple of {wide} ({TILE_BLOCKS} blocks, whole 128-byte lanes) "
-                         "or the whole row")
-    return min(rows, TILE_ROWS), block_cols
+def tile_rows(rows: int) -> int | None:
+    """T, the rows a grid step codes in a message of `rows` rows: 512 (or 256, 128) where it
+    divides them, else all of them when they are whole f32 sublane groups of at most 512; None
+    when neither (the XLA codec then carries the message: the same bytes)."""
+    for t in (ROWS, ROWS // 2, ROWS // 4):
+        if rows % t == 0:
+            return t
+    return rows if rows <= ROWS and rows % 16 == 0 else None
 
 
-def grid(rows: int, m: int, fmt: Format, *, block_cols: int | None = None) -> tuple[int, int]:
-    """The kernels' grid on a message of `rows` rows of `m` values of `fmt`: (groups of rows,
-    tiles along a row); each step moves one tile in and one out."""
-    tile = _tile(count(rows, "rows"), count(m, "m"), checked_format(fmt), block_cols)
-    return rows // tile[0], m // tile[1]
+def takes(fmt, m: int) -> bool:
+    """Whether the kernels code a message of `m` values of `fmt`."""
+    return tiles.supports(fmt) and m % 128 == 0 and tile_rows(m // 128) is not None
 
 
-def _dense(tile: tuple[int, int], m: int) -> bool:
-    """Whether a tile's values travel lane-dense: a tile of whole rows whose values fill whole
-    (32, 128) tiles when read as rows of 128. Then the values go to the kernel as that view,
-    `[values / 128, 128]`, which is how XLA:TPU already holds a flat array (its 1-D tiles are
-    1024 values, 8 rows of 128), so the view is a bitcast; the kernel reshapes the tile into the
-    message's rows in VMEM. Values taken as `[rows, m]` instead are tiled (8, 128) across rows,
-    which XLA:TPU reaches from a flat chunk only by a relayout in HBM: one read and one write of
-    every value, each time a collective hands a kernel a chunk."""
-    rows, cols = tile
-    return cols == m and (rows * cols) % (32 * 128) == 0
-
-
-def _call(body, fmt: Format, tile, m: int, kinds: str, out_kind: str, out_dtype, interpret,
-          *operands, first_row=None, message_rows=None, order=None, into=None):
-    """The kernel over groups of `tile[0]` rows (a leading axis) and tiles along the row.
-    `kinds` names each operand ("v": values `[rows, m]`, "w": wire bytes `[rows, nbytes(m)]`,
-    "p": p such messages `[p, rows, nbytes(m)]`) and `out_kind` the result; values travel
-    lane-dense where `_dense` says so, and a body reshapes a values tile to `tile` itself. The
-    kernel declares what its grid moves, each block once, as its cost (`pl.CostEstimate`):
-    XLA:TPU's count takes that figure for the kernel, and so does `hlo_memory.kernel_io`.
-
-    With `first_row` (`(i, r, o)`: row i * r + o, i traced, a multiple of `tile[0]`), a values
-    operand may hold more rows than the message (`message_rows`, else the first operand's): the
-    kernel reads the message's rows from there on, where they lie (i is a prefetched scalar, and
-    the index map's arithmetic runs in the kernel, outside XLA's count), so no slice of it is cut
-    out first. That operand is kept in HBM (`with_memory_space_constraint`): XLA's memory-space
-    assignment staged a whole ring's input in VMEM otherwise, a copy as large as the slices it
-    saves (libtpu 0.0.42.1).
-
-    With `order` (message indices, one per message of the result), a wire operand of
-    `len(order)` messages is read message `order[i]` for the result's message i: the
-    gathered messages decoded in result order, with no transposed copy of their bytes.
-
-    With `into` (`(result, per, r, o)`), the result is a larger array of rows, `result` itself
-    (written in place: an aliased operand) or, an int, the rows of a new one: row q of the
-    message goes to row (q // per) r + o + q % per, messages of `per` rows each laid into it
-    (whole tiles), and its other rows are left as they were (a new one's: unset). A pipeline's
-    pieces are decoded into one result that way, not concatenated after."""
-    rows, cols = tile
-    groups = (message_rows or operands[0].shape[-2]) // rows
-    dense = _dense(tile, m)
-    per = None if order is None else groups // len(order)  # groups a message
-
-    def group(g, at, kind):  # the group of an operand that grid step g reads
-        if kind == "v" and first_row is not None:
-            _, unit, offset = first_row
-            if unit % rows == 0 and offset % rows == 0:
-                return g + at[0][0] * (unit // rows) + offset // rows
-            return g + (at[0][0] * unit + offset) // rows
-        if kind == "w" and order is not None:
-            return at[0][g // per] * per + g % per
-        return g
-
-    def shaped(kind, op=None, read=False):  # (shape, block shape, index map), grouped
-        if kind == "p":  # p messages, one after another: [p, rows, nbytes(m)]
-            p = operands[0].shape[0]
-            return ((p, groups, rows, fmt.nbytes(m)), (p, None, rows, fmt.nbytes(cols)),
-                    lambda g, j, *at: (0, g, 0, j))
-        if kind == "w":
-            return ((groups, rows, fmt.nbytes(m)), (None, rows, fmt.nbytes(cols)),
-                    lambda g, j, *at: (group(g, at, kind) if read else g, 0, j))
-        held = groups if op is None else op.size // (rows * m)  # groups the operand holds
-        if dense:
-            return ((held, rows * m // 128, 128), (None, rows * cols // 128, 128),
-                    lambda g, j, *at: (group(g, at, kind) if read else g, 0, 0))
-        return ((held, rows, m), (None, rows, cols),
-                lambda g, j, *at: (group(g, at, kind) if read else g, 0, j))
-
-    grouped = [op.reshape(shaped(kind, op)[0])
-               for kind, op in zip(kinds, operands, strict=True)]
-    varying = frozenset().union(*map(backend.varying, operands))  # shard_map's check_vma
-    out_shape, *out_spec = shaped(out_kind)
-    written = []  # the array the result is written into, aliased (`into`)
-    if into is not None:  # the result's rows laid into a larger array, message by message
-        target, *laid = into
-        total = target if isinstance(target, int) else target.shape[0]  # rows
-        out_shape = (total // rows, *out_shape[1:])
-        each, r, o = (v // rows for v in laid)  # in groups: a message's, its stride, its offset
-        block, place = out_spec
-        out_spec = [block, lambda g, j, *at: (g // each * r + o + g % each,
-                                              *place(g, j, *at)[1:])]
-        if not isinstance(target, int):  # written in place: an aliased operand, never read
-            varying |= backend.varying(target)
-            written = [target.reshape(out_shape)]
-            body = functools.partial(_skip_aliased, body)
-    block_bytes = [math.prod(filter(None, shaped(kind)[1])) * jnp.dtype(dtype).itemsize
-                   for kind, dtype in
-                   (*zip(kinds, (op.dtype for op in operands), strict=True),
-                    (out_kind, out_dtype))]
-    specs = {"grid": (groups, m // cols),
-             "in_specs": [*(pl.BlockSpec(*shaped(kind, read=True)[1:]) for kind in kinds),
-                          *(pl.BlockSpec(memory_space=pl.ANY) for _ in written)],
-             "out_specs": pl.BlockSpec(*out_spec)}
-    interpret = backend.interpret_params(interpret)
-    prefetched = ()
-    if first_row is not None:  # the values' first group, read by the index maps
-        prefetched = (jnp.asarray(first_row[0], jnp.int32).reshape(1),)
-        if interpret is False:  # a compiler's placement (no interpreter runs the constraint)
-            grouped = [pltpu.with_memory_space_constraint(op, pltpu.HBM) if kind == "v" else op
-                       for kind, op in zip(kinds, grouped, strict=True)]
-    elif order is not None:  # the message each result message reads
-        prefetched = (jnp.asarray(order, jnp.int32),)
-    if written and interpret is False and out_kind == "v":
-        # a decoded result in HBM too, or XLA stages it in VMEM and copies it out after: a pass
-        # over the whole result. A message laid into a buffer (`hop`) is left where XLA puts
-        # it: pinned, it was copied into VMEM for the all-gather that sends it (libtpu
-        # 0.0.42.1, a pipelined bidirectional int8 ring at 16 MiB per chip: 2.2 MB more)
-        written = [pltpu.with_memory_space_constraint(written[0], pltpu.HBM)]
-    if prefetched:
-        specs = {"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **specs)}
-        body = functools.partial(_skip_first, body)
-    # the aliased array, the last operand, is the result (its index counts prefetched scalars)
-    aliases = {len(prefetched) + len(grouped): 0} if written else {}
-    out = pl.pallas_call(
-        body, **specs, input_output_aliases=aliases,
-        out_shape=backend.result_type(out_shape, out_dtype, varying),
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
-        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0,
-                                      bytes_accessed=groups * (m // cols) * sum(block_bytes)),
-        interpret=interpret)(*prefetched, *grouped, *written)
-    return out.reshape(out_shape[0] * rows, -1)
-
-
-def _first_row(first_row):
-    """`first_row` as `(i, r, o)`, row i * r + o: from an index i, `(i, r)` or `(i, r, o)`."""
-    if first_row is None:
-        return None
-    i, r, o = (*first_row, 0)[:3] if isinstance(first_row, tuple) else (first_row, 1, 0)
-    return i, r, o
-
-
-def _skip_first(body, _prefetched_ref, *refs):
-    """A body under prefetched scalars: the index maps read them, the body does not."""
-    return body(*refs)
-
-
-def _skip_aliased(body, *refs):
-    """A body writing into an aliased operand (`into`): it writes the result, never reads it."""
-    return body(*refs[:-2], refs[-1])
-
-
-def _check_into(into, rows: int, tile, width: int, dtype) -> None:
-    """`into` (`(result, per, r, o)`, as `_call` lays a result of `rows` rows into it),
-    refused in one line unless its rows are `dtype` `[rows', width]` and whole tiles, the
-    messages inside it."""
-    if into is None:
-        return
-    target, per, r, o = into
-    total = target if isinstance(target, int) else target.shape[0]
-    if isinstance(target, jax.Array) and \
-            (target.shape[1:] != (width,) or target.dtype != dtype):
-        raise ValueError(f"into must be {dtype.name} [rows, {width}], got "
-                         f"{target.dtype}{list(target.shape)}")
-    if any(v % tile[0] for v in (per, r, o, total)) or rows % per or \
-            (rows // per - 1) * r + o + per > total:
-        raise ValueError(f"into lays messages of {per} rows from row i * {r} + {o} of "
-                         f"{total}: not whole tiles of {tile[0]} rows, or past its end")
+def _tile(rows: int, *at: int) -> int:
+    t = tile_rows(rows)
+    if t is None:
+        raise ValueError(f"the Mosaic codec codes messages of whole tiles: {rows} rows is not "
+                         f"a multiple of 128, nor a multiple of 16 up to {ROWS}")
+    if any(a % t for a in at):
+        raise ValueError(f"rows are read and written at offsets of whole tiles of {t} rows; "
+                         f"got {at}")
+    return t
 
 
 def _values(x, name: str) -> jax.Array:
     x = array(x, name, floating=True)
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be [rows, m], got shape {list(x.shape)}")
+    if x.ndim != 2 or x.shape[1] != 128:
+        raise ValueError(f"{name} must be rows of 128 values, [rows, 128], got "
+                         f"{list(x.shape)}")
     return x
 
 
-def _wire(w, fmt: Format, rows: int, m: int, what: str) -> jax.Array:
-    w = array(w, "wire")
-    if w.dtype != jnp.uint8 or w.shape != (rows, fmt.nbytes(m)):
-        raise ValueError(f"wire must be uint8 [{rows}, {fmt.nbytes(m)}] ({what}), got "
-                         f"{w.dtype}{list(w.shape)}")
-    return w
+def _message(message, fmt: Format, name: str = "message") -> Message:
+    """A message of `fmt`, checked: (payload uint8 [..., G PB, r], scales [..., G, r])."""
+    if not isinstance(message, Message) or message.scales is None:
+        raise TypeError(f"{name} must be an equarx_ref.wire.Message of {fmt} (payload and "
+                        f"scales), got {type(message).__name__}")
+    payload, scales = array(message.payload, f"{name}.payload"), array(message.scales,
+                                                                         f"{name}.scales")
+    (pb, _), (g, _) = message_shapes(fmt.row, fmt)
+    if payload.ndim not in (2, 3) or payload.dtype != jnp.uint8 or payload.shape[-2] != pb or \
+            scales.shape != (*payload.shape[:-2], g, payload.shape[-1]) or \
+            scales.dtype != _SCALE_BITS[fmt.scale_dtype]:
+        raise ValueError(f"{name} must be uint8 [..., {pb}, rows] and "
+                         f"{jnp.dtype(_SCALE_BITS[fmt.scale_dtype]).name}[..., {g}, rows] "
+                         f"({fmt}), got {payload.dtype}{list(payload.shape)} and "
+                         f"{scales.dtype}{list(scales.shape)}")
+    return Message(payload, scales)
 
 
-def hop_tile(codec, cols: int, wire, local):
-    """A hop on one tile: bytes and local values in, the f32 sum stays on chip, the next
-    message out; a subnormal local value reads as a zero of its sign on every backend, as the
-    collectives add it (execute.py `settle`; a decoded value is never subnormal)."""
-    local = local.astype(codec.acc)
-    local = zero_subnormals(local) if codec.acc == jnp.float32 else local
-    return codec.encode(codec.decode(wire, cols) + local)
+def _first_row(first_row):
+    """`first_row` as `(i, a, o)`: row i a + o."""
+    if first_row is None:
+        return None
+    if isinstance(first_row, tuple):
+        return (*first_row, 0, 0)[:3] if len(first_row) < 3 else first_row
+    return first_row, 1, 0
 
 
-def _reshaped(values: jax.Array, shape) -> jax.Array:
-    """`values.reshape(shape)` inside a kernel. An f32 tile goes through its int32 bits: Mosaic
-    (libtpu 0.0.42.1) folds the codec's own reshape between rows and blocks, `[rows, cols]` <->
-    `[rows, blocks, block]`, and this one into a single shape cast between
-    `[rows * cols / 128, 128]` and `[rows, blocks, block]` that it cannot lay out, and a
-    bitcast between them keeps the two apart (a bf16 tile has its `astype` there)."""
-    if values.shape == tuple(shape) or values.dtype != jnp.float32:
-        return values.reshape(shape)
-    bits = lax.bitcast_convert_type(values, jnp.int32).reshape(shape)
-    return lax.bitcast_convert_type(bits, jnp.float32)
+def _call(body, fmt: Format, t: int, count: int, rows: int, *, values=None, messages=(),
+          stack=None, result, interpret, first_row=None, stride=0, order=None, into=None,
+          stacked_result=False):
+    """One kernel over a grid (count chunks, rows / t tiles a chunk).
+
+    `values`: a values operand `[X, 128]`; chunk c's rows from row (i a + o) + c stride
+    (`first_row`) or c rows. `messages`: message operands, each `[count?, P, r]` (3-D: chunk
+    c is message c, or `order[c]`; 2-D: chunk c is lanes c r ..). `stack`: p messages
+    `[p, P, r]` read whole at each tile (two-shot's reduce). `result`: "message" or a values
+    dtype; `into`: where it goes (module essay)."""
+    steps = rows // t
+    prefetched = ()
+    varying = frozenset()
+    in_specs, operands = [], []
+
+    def value_block(c, i, s):  # the row block of chunk c, tile i
+        if first_row is None:
+            return c * steps + i
+        _, a, o = first_row
+        return (s[0][0] * a + o + c * stride) // t + i
+
+    if order is not None:
+        prefetched = (jnp.asarray(order, jnp.int32),)
+    if values is not None:
+        if first_row is not None:
+            prefetched = (jnp.asarray(first_row[0], jnp.int32).reshape(1),)
+            if backend.interpret_params(interpret) is False:  # read where it lies, in HBM
+                values = pltpu.with_memory_space_constraint(values, pltpu.HBM)
+        in_specs.append(pl.BlockSpec((t, 128), lambda c, i, *s: (value_block(c, i, s), 0)))
+        operands.append(values)
+        varying |= backend.varying(values)
+    for m in messages:
+        for a in m:
+            three = a.ndim == 3
+            if three:  # chunk c is message c, or order[c] (a prefetched table)
+                spec = pl.BlockSpec((None, a.shape[1], t), lambda c, i, *s: (
+                    s[0][c] if order is not None else c, 0, i))
+            else:
+                spec = pl.BlockSpec((a.shape[0], t), lambda c, i, *s: (0, c * steps + i))
+            in_specs.append(spec)
+            operands.append(a)
+            varying |= backend.varying(a)
+    if stack is not None:
+        for a in stack:
+            in_specs.append(pl.BlockSpec((a.shape[0], a.shape[1], t),
+                                         lambda c, i, *s: (0, 0, i)))
+            operands.append(a)
+            varying |= backend.varying(a)
+
+    (pb, _), (g, _) = message_shapes(fmt.row, fmt)
+    aliases, written = {}, []
+    if result == "message":  # flat: chunk c at lanes c rows; stacked: message c of a stack
+        stacked, total, offset = False, count, 0
+        if into is not None:  # a larger message, or a new one (a count of chunks)
+            target, offset = into
+            if isinstance(target, int):
+                stacked, total = stacked_result, target
+            else:
+                stacked = target.payload.ndim == 3
+                total = target.payload.shape[0] if stacked else \
+                    target.payload.shape[-1] // rows
+                written = list(target)
+                varying |= backend.varying(target.payload)
+        else:
+            stacked = stacked_result
+        if stacked:
+            shapes = [(total, pb, rows), (total, g, rows)]
+            out_specs = [pl.BlockSpec((None, n, t), lambda c, i, *s: (offset + c, 0, i))
+                         for n in (pb, g)]
+        else:
+            shapes = [(pb, total * rows), (g, total * rows)]
+            out_specs = [pl.BlockSpec((n, t), lambda c, i, *s: (0, (offset + c) * steps + i))
+                         for n in (pb, g)]
+        dtypes = [jnp.uint8, _SCALE_BITS[fmt.scale_dtype]]
+    else:
+        out_rows, place = count * rows, (lambda c: c * rows)
+        if into is not None:  # rows (c b + o) of a larger values array
+            target, b, o = into
+            out_rows = target if isinstance(target, int) else target.shape[0]
+            place = lambda c, b=b, o=o: c * b + o  # noqa: E731
+            if not isinstance(target, int):
+                written = [target]
+                varying |= backend.varying(target)
+        shapes, dtypes = [(out_rows, 128)], [result]
+        out_specs = [pl.BlockSpec((t, 128), lambda c, i, *s: (place(c) // t + i, 0))]
+    if written:  # aliased operands, never read: the result is written over them
+        in_specs += [pl.BlockSpec(memory_space=pl.ANY) for _ in written]
+        base = len(prefetched) + len(operands)
+        aliases = {base + k: k for k in range(len(written))}
+        inner, n_in = body, len(operands)
+        body = lambda *refs: inner(*refs[:n_in], *refs[n_in + len(written):])  # noqa: E731
+    if prefetched:
+        inner_p = body
+        body = lambda _s, *refs: inner_p(*refs)  # noqa: E731  (the index maps read it)
+    specs = {"grid": (count, steps), "in_specs": in_specs, "out_specs": out_specs}
+    if prefetched:
+        specs = {"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, **specs)}
+    # what the grid moves, each block once: the kernel's declared cost (a declaration, not
+    # a measurement: runs/tpu_schedule.py reads the chip's schedule for its compute)
+    lanes_read = count * rows
+    moved = (lanes_read * 128 * values.dtype.itemsize if values is not None else 0) + \
+        sum(lanes_read * a.shape[-2] * a.dtype.itemsize for m in messages for a in m) + \
+        (sum(a.shape[0] * a.shape[1] * rows * a.dtype.itemsize for a in stack)
+         if stack is not None else 0) + \
+        sum(lanes_read * (sh[0] if result == "message" else 128) * jnp.dtype(d).itemsize
+            for sh, d in zip(shapes, dtypes, strict=True))
+    out = pl.pallas_call(
+        body, **specs, input_output_aliases=aliases,
+        out_shape=[backend.result_type(s, d, varying) for s, d in zip(shapes, dtypes,
+                                                                        strict=True)],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=moved),
+        interpret=backend.interpret_params(interpret))(*prefetched, *operands, *written)
+    return Message(*out) if result == "message" else out[0]
 
 
-def _encode_body(codec, tile, x_ref, out_ref):
-    out_ref[...] = codec.encode(_reshaped(x_ref[...], tile))
+def _encode_body(fmt, x_ref, p_ref, s_ref):
+    m = tiles.encode(x_ref[...], fmt)
+    p_ref[...], s_ref[...] = m.payload, m.scales
 
 
-def _decode_body(codec, tile, dtype, wire_ref, out_ref):
-    out_ref[...] = _reshaped(codec.decode(wire_ref[...], tile[1], dtype), out_ref.shape)
+def _decode_body(fmt, dtype, p_ref, s_ref, o_ref):
+    o_ref[...] = tiles.decode(Message(p_ref[...], s_ref[...]), fmt, dtype)
 
 
-def _hop_body(codec, tile, wire_ref, local_ref, out_ref):
-    out_ref[...] = hop_tile(codec, tile[1], wire_ref[...], _reshaped(local_ref[...], tile))
+def _hop_body(fmt, x_ref, p_ref, s_ref, po_ref, so_ref):
+    m = tiles.hop(Message(p_ref[...], s_ref[...]), x_ref[...], fmt)
+    po_ref[...], so_ref[...] = m.payload, m.scales
 
 
-def reduce_tile(codec, cols: int, messages):
-    """Two-shot's reduce on one tile: p messages in, added in rank order in f32 (each partial
-    sum's subnormals read as zeros of their sign; a decoded value is never subnormal), the
-    sum's message out."""
-    return codec.encode(rank_order_sum([codec.decode(m, cols) for m in messages],
-                                       zero_subnormals))
+def _reduce_body(fmt, p_ref, s_ref, po_ref, so_ref):
+    m = tiles.reduce([Message(p_ref[r], s_ref[r]) for r in range(p_ref.shape[0])], fmt)
+    po_ref[...], so_ref[...] = m.payload, m.scales
 
 
-def _reduce_body(codec, tile, wire_ref, out_ref):
-    out_ref[...] = reduce_tile(codec, tile[1], [wire_ref[r] for r in range(wire_ref.shape[0])])
+def _chunks(x_rows: int, rows: int | None, count: int, first_row) -> tuple[int, int]:
+    """(rows of a chunk, chunks) of a values operand read from `first_row`."""
+    checked_count(count, "count")
+    if rows is None:
+        if first_row is not None:
+            raise ValueError("rows= says how many rows to read from first_row")
+        if x_rows % count:
+            raise ValueError(f"{x_rows} rows are not {count} chunks of whole rows")
+        return x_rows // count, count
+    return checked_count(rows, "rows"), count
 
 
-def encode(x, fmt: Format, *, rows: int | None = None, first_row=None,
-           block_cols: int | None = None, interpret=None) -> jax.Array:
-    """Values `[rows, m]` (m whole blocks; up to 8 rows, or a multiple of 8) -> uint8
-    `[rows, fmt.nbytes(m)]`, each row `wire.encode`'s bytes (round to nearest). With `rows`
-    and `first_row` (an index, traced or not, or `(i, r[, o])` for row i * r + o; a multiple
-    of the tile's rows), x may hold more rows: the kernel encodes `rows` rows from there, where
-    they lie. `block_cols`: values of a tile's row. `interpret` as `fused_hop`: None runs natively
+def encode(x, fmt: Format, *, rows: int | None = None, count: int = 1, first_row=None,
+           stride: int | None = None, stacked: bool = False, into=None,
+           interpret=None) -> Message:
+    """Values `[X, 128]` -> the message of `count` chunks of `rows` rows each (default: all
+    of x, `count` equal chunks): one message of `count rows` lanes, or with `stacked` a stack
+    `[count, G PB, rows]`. With `first_row` (an index, traced or not, or `(i, a[, o])` for row
+    i a + o) chunk c is read from there plus c `stride` rows (default `rows`), where it lies.
+    With `into` (`(message, chunk)`), the chunks are written over a larger message (flat or
+    stacked) from chunk `chunk` on, in place, and that is returned; `(chunks, chunk)` makes a
+    new one of `chunks` chunks whose others are left unset. `interpret`: None runs natively
     on a TPU, in TPU interpret mode elsewhere."""
     fmt, x = checked_format(fmt), _values(x, "x")
-    m = x.shape[1]
-    if (rows is None) != (first_row is None):
-        raise ValueError("encode takes rows= and first_row= together, or neither")
-    rows = x.shape[0] if rows is None else count(rows, "rows")
-    tile = _tile(rows, m, fmt, block_cols)
-    if first_row is not None and x.shape[0] % tile[0]:
-        raise ValueError(f"x holds {x.shape[0]} rows, not whole tiles of {tile[0]}")
-    return _call(functools.partial(_encode_body, wire_codec(fmt, x.dtype), tile), fmt, tile, m,
-                 "v", "w", jnp.uint8, interpret, x, first_row=_first_row(first_row),
-                 message_rows=rows)
+    rows, count = _chunks(x.shape[0], rows, count, first_row)
+    first = _first_row(first_row)
+    stride = rows if stride is None else stride
+    t = _tile(rows, stride, *(first[1:] if first else ()))
+    return _call(functools.partial(_encode_body, fmt), fmt, t, count, rows, values=x,
+                 result="message", interpret=interpret, first_row=first, stride=stride,
+                 into=_check_message_into(into, fmt, count, rows), stacked_result=stacked)
 
 
-def decode(wire, fmt: Format, m: int, dtype="float32", *, order=None, into=None,
-           block_cols: int | None = None, interpret=None) -> jax.Array:
-    """uint8 `[rows, fmt.nbytes(m)]` -> `dtype` `[rows, m]`: `wire.decode` of each row. With
-    `order` (a permutation of message indices; a message is `rows / len(order)` rows, whole
-    tiles of 8), the result's message i is the decode of message `order[i]`, read where it
-    lies. With `into` (`(result, per, r, o)`: result an array `[rows', m]` or a count of rows
-    for a new one), the decoded rows are laid into it, messages of `per` rows each, message i
-    from row i * r + o (all multiples of the tile's rows), the rest of it left as it was (a new
-    one's unset): `result` is returned, written in place."""
+def decode(message, fmt: Format, dtype="float32", *, order=None, into=None,
+           interpret=None) -> jax.Array:
+    """A message -> values `[count r, 128]` in `dtype`, chunk after chunk. A message with a
+    leading axis (`[count, G PB, r]`) is `count` chunks, read in `order` (message `order[c]`
+    for chunk c) where given. With `into` (`(values or a row count, b, o)`), chunk c's rows go
+    to rows c b + o of a larger values array (written in place) or a new one (its other rows
+    unset), which is returned."""
     fmt, dtype = checked_format(fmt), value_dtype(dtype)
-    count(m, "m")
-    w = array(wire, "wire")
-    if w.ndim != 2:
-        raise ValueError(f"wire must be [rows, bytes], got shape {list(w.shape)}")
-    rows = w.shape[0]
-    tile = _tile(rows, m, fmt, block_cols)
-    if order is not None and (sorted(order) != list(range(len(order))) or
-                              rows % (len(order) * tile[0])):
-        raise ValueError(f"order must permute whole messages of whole tiles of {tile[0]} rows: "
-                         f"{len(order)} messages of {rows} rows in all")
-    _check_into(into, rows, tile, m, dtype)
-    w = _wire(w, fmt, rows, m, f"{m} values of {fmt} a row")
-    codec = wire_codec(fmt, jnp.float32)
-    return _call(functools.partial(_decode_body, codec, tile, dtype), fmt, tile, m, "w", "v",
-                 dtype, interpret, w, order=None if order is None else tuple(order), into=into)
-
-
-def hop(wire, local, fmt: Format, *, first_row=None, into=None,
-        block_cols: int | None = None, interpret=None) -> jax.Array:
-    """One ring hop, `encode(decode(wire) + local)` with the sum in f32: wire uint8
-    `[rows, fmt.nbytes(m)]` and local `[rows, m]` -> the next message, bitwise
-    `kernels.hop_reference`'s. With `first_row` (an index, traced or not, or `(i, r[, o])` for
-    row i * r + o; a multiple of the tile's rows: of 8 when the message has 8 or more), local may
-    hold more rows, and the kernel adds the wire's count of rows from there, where they lie,
-    cutting nothing out first. With `into` (as `decode`'s, a uint8 result of message rows),
-    the message's rows are laid into a larger buffer, not joined to others after."""
-    fmt, local = checked_format(fmt), _values(local, "local")
-    m = local.shape[1]
-    rows = array(wire, "wire").shape[0] if first_row is not None else local.shape[0]
-    tile = _tile(rows, m, fmt, block_cols)
-    if first_row is not None and local.shape[0] % tile[0]:
-        raise ValueError(f"local holds {local.shape[0]} rows, not whole tiles of {tile[0]}")
-    w = _wire(wire, fmt, rows, m, f"{m} values of {fmt} for each of {rows} rows")
-    _check_into(into, rows, tile, fmt.nbytes(m), jnp.dtype(jnp.uint8))
-    return _call(functools.partial(_hop_body, wire_codec(fmt, local.dtype), tile), fmt, tile,
-                 m, "wv", "w", jnp.uint8, interpret, w, local, first_row=_first_row(first_row),
+    message = _message(message, fmt)
+    three = message.payload.ndim == 3
+    count = message.payload.shape[0] if three else 1
+    rows = message.payload.shape[-1]
+    if order is not None:
+        if not three or sorted(order) != list(range(count)):
+            raise ValueError(f"order must permute the {count} messages of a stack "
+                             f"[count, ...], got {tuple(order)}")
+    t = _tile(rows, *((into[1], into[2]) if into is not None else ()))
+    if into is not None:
+        target, b, o = into
+        total = target if isinstance(target, int) else target.shape[0]
+        if not isinstance(target, int) and (target.shape[1:] != (128,) or
+                                            target.dtype != dtype):
+            raise ValueError(f"into must be {dtype.name} rows [rows, 128], got "
+                             f"{target.dtype}{list(target.shape)}")
+        if (count - 1) * b + o + rows > total:
+            raise ValueError(f"into lays {count} chunks of {rows} rows from row c {b} + {o}: "
+                             f"past its {total} rows")
+    return _call(functools.partial(_decode_body, fmt, dtype), fmt, t, count, rows,
+                 messages=[message], result=dtype, interpret=interpret, order=order,
                  into=into)
 
 
-def reduce(wire, fmt: Format, m: int, *, block_cols: int | None = None,
-           interpret=None) -> jax.Array:
-    """Two-shot's reduce step: p messages of `m` values a row, uint8 `[p, rows,
-    fmt.nbytes(m)]`, -> the message of their sum, `[rows, fmt.nbytes(m)]`: decoded and added in
-    rank order in f32, each partial sum's subnormals read as zeros of their sign (as the
-    collectives add them, execute.py `settle`), then encoded; one pass, the p messages in and
-    one out, no f32 sum in HBM."""
+def hop(message, local, fmt: Format, *, count: int | None = None, first_row=None,
+        stride: int | None = None, stacked: bool = False, into=None,
+        interpret=None) -> Message:
+    """One ring hop, `encode(decode(message) + local)`, the sum in f32: a message of chunks
+    (one of their lanes side by side, or a stack `[count, G PB, r]`) and their local values ->
+    the next message (flat, or with `stacked` a stack). A flat message is `count` chunks
+    (default 1) side by side. With `first_row`, local holds more
+    rows and chunk c's are read from there plus c `stride` rows (default: a chunk's rows);
+    with `into`, as `encode`'s."""
+    fmt, local = checked_format(fmt), _values(local, "local")
+    message = _message(message, fmt)
+    three = message.payload.ndim == 3
+    lanes = message.payload.shape[-1]
+    if three:
+        if count not in (None, message.payload.shape[0]):
+            raise ValueError(f"a stack of {message.payload.shape[0]} messages is that many "
+                             f"chunks, not count={count}")
+        count = message.payload.shape[0]
+    count = checked_count(1 if count is None else count, "count")
+    if lanes % count:
+        raise ValueError(f"a message of {lanes} lanes is not {count} equal chunks")
+    first = _first_row(first_row)
+    rows = lanes if three else lanes // count
+    if first is None and local.shape[0] != count * rows:
+        raise ValueError(f"local must be the message's {count * rows} rows [rows, 128] (or "
+                         f"name first_row=), got {list(local.shape)}")
+    stride = rows if stride is None else stride
+    t = _tile(rows, stride, *(first[1:] if first else ()))
+    return _call(functools.partial(_hop_body, fmt), fmt, t, count, rows, values=local,
+                 messages=[message], result="message", interpret=interpret, first_row=first,
+                 stride=stride, into=_check_message_into(into, fmt, count, rows),
+                 stacked_result=stacked)
+
+
+def reduce(messages, fmt: Format, *, interpret=None) -> Message:
+    """Two-shot's reduce step: p messages `[p, G PB, r]` -> the message of their sum, decoded
+    and added in rank order in f32; one pass, no f32 sum in HBM."""
     fmt = checked_format(fmt)
-    count(m, "m")
-    w = array(wire, "wire")
-    if w.ndim != 3 or w.dtype != jnp.uint8 or w.shape[2] != fmt.nbytes(m):
-        raise ValueError(f"wire must be uint8 [p, rows, {fmt.nbytes(m)}] ({m} values of {fmt} "
-                         f"a row), got {w.dtype}{list(w.shape)}")
-    tile = _tile(w.shape[1], m, fmt, block_cols)
-    return _call(functools.partial(_reduce_body, wire_codec(fmt, jnp.float32), tile), fmt,
-                 tile, m, "p", "w", jnp.uint8, interpret, w)
+    messages = _message(messages, fmt, "messages")
+    if messages.payload.ndim != 3:
+        raise ValueError("reduce takes p messages stacked [p, G PB, rows]")
+    rows = messages.payload.shape[-1]
+    t = _tile(rows)
+    return _call(functools.partial(_reduce_body, fmt), fmt, t, 1, rows, stack=messages,
+                 result="message", interpret=interpret)
+
+
+def _check_message_into(into, fmt: Format, count: int, rows: int):
+    """`into` (`(message or chunks, chunk)`) checked: room for `count` chunks of `rows` rows
+    from chunk `chunk`."""
+    if into is None:
+        return None
+    target, chunk = into
+    if isinstance(target, int):
+        total = target
+    else:
+        target = _message(target, fmt, "into")
+        total = target.payload.shape[0] if target.payload.ndim == 3 else \
+            target.payload.shape[-1] // rows
+        if target.payload.shape[-1] != (rows if target.payload.ndim == 3 else total * rows):
+            raise ValueError(f"into must hold chunks of {rows} rows, got a message of "
+                             f"{target.payload.shape[-1]} lanes")
+    if chunk < 0 or chunk + count > total:
+        raise ValueError(f"into lays {count} chunks from chunk {chunk}: past its {total}")
+    return target, chunk

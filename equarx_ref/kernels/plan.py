@@ -2,7 +2,7 @@
 
 Everything about one ring kernel (`ring.py`) that is known when tracing is plain data here,
 with no Pallas in it: the layout of the chunks and their pipeline pieces (`schedule.layout`,
-whole blocks), the wire bytes of each piece, the lanes (one ring, or two in opposite directions
+whole rows), the wire bytes of each piece, the lanes (one ring, or two in opposite directions
 for "bidir_ring") and the k + 1 receive slots of each lane. `RingPlan.program(d)` lists device
 d's steps in the order the kernel runs them: which message each step waits for, what it
 computes, which slot it sends from. The kernel is written from this list, the tests check it,
@@ -16,7 +16,7 @@ import dataclasses
 from .._checks import count
 from ..formats import Format
 from ..schedule import RING_FAMILY, layout, make_schedule
-from .hop import wire_codec
+from ..wire import Codec
 
 __all__ = ["RingPlan", "plan_ring"]
 
@@ -119,7 +119,9 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
                          f"{algorithm!r} (use impl='xla' for the others)")
     count(p, "p (devices)")
     sched = make_schedule(algorithm, (p,))
-    codec = wire_codec(fmt, dtype)
+    if fmt is not None and not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
+    codec = Codec(fmt, dtype)
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
     lanes = ((0, +1),) if algorithm == "ring" else ((0, +1), (p, -1))
     return RingPlan(p, n, sched.chunk_count, length, pieces,

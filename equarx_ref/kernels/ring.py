@@ -86,8 +86,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._checks import array
 from ..formats import Format
-from . import backend
-from .hop import wire_codec
+from ..wire import Codec, Message
+from . import backend, tiles
 from .plan import RingPlan, plan_ring
 
 __all__ = ["SABOTAGES", "ring_all_reduce"]
@@ -98,14 +98,59 @@ __all__ = ["SABOTAGES", "ring_all_reduce"]
 #: message whatever the threads' timing (what the tests use: a red test is a real defect).
 SABOTAGES = ("capacity", "early_read")
 
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
-def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *refs):
+
+class _Pieces:
+    """How one piece of a chunk lives in the kernel's memory and travels: a quantized piece as
+    rows of 128 values and its message's two arrays (payload `[G PB, rows]`, scales
+    `[G, rows]`, wire.py), coded by the tile code (tiles.py); an unquantized one as one row of
+    values `[1, size]` and their raw bits, the same shape."""
+
+    def __init__(self, fmt: Format | None, dtype):
+        self.fmt, self.dtype = fmt, jnp.dtype(dtype)
+        self.acc = Codec(fmt, dtype).acc
+
+    def values(self, size: int) -> tuple[int, int]:
+        return (size // 128, 128) if self.fmt is not None else (1, size)
+
+    def parts(self, size: int) -> list[tuple[tuple[int, int], object]]:
+        """(shape, dtype) of each array of a piece's message."""
+        if self.fmt is None:
+            return [((1, size), _UINT[self.dtype.itemsize])]
+        rows, f = size // 128, self.fmt
+        bits = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}
+        return [((f.blocks_per_row * f.payload_bytes_per_block, rows), jnp.uint8),
+                ((f.blocks_per_row, rows), bits[f.scale_dtype])]
+
+    def encode(self, v) -> list:
+        if self.fmt is None:
+            return [lax.bitcast_convert_type(v.astype(self.dtype), _UINT[self.dtype.itemsize])]
+        return list(tiles.encode(v, self.fmt))
+
+    def decode(self, parts) -> jax.Array:
+        if self.fmt is None:
+            return lax.bitcast_convert_type(parts[0], self.dtype).astype(self.acc)
+        return tiles.decode(Message(*parts), self.fmt)
+
+    def hop(self, parts, v) -> list:
+        if self.fmt is None:
+            return self.encode(self.decode(parts) + v.astype(self.acc))
+        return list(tiles.hop(Message(*parts), v, self.fmt))
+
+
+def _kernel(plan: RingPlan, codec: _Pieces, axis: str, sabotage: str | None, me_ref, *refs):
     p, k, slots = plan.p, plan.k, plan.slots
-    classes = len(plan.sizes)
-    # refs: x, out, local, recv, send, res (one per size class each), then the semaphores
-    x_ref, out_ref, local, recv, send, res = (refs[i * classes:(i + 1) * classes]
-                                              for i in range(6))
-    local_sem, recv_sem, send_sem, out_sem, capacity = refs[6 * classes:]
+    classes, nparts = len(plan.sizes), 1 if codec.fmt is None else 2
+    # refs: x, out, local, res (one per size class each), recv, send (one per size class and
+    # message part each), then the semaphores
+    x_ref, out_ref, local, res = (refs[i * classes:(i + 1) * classes] for i in range(4))
+    at = 4 * classes
+    recv = [refs[at + c * nparts:at + (c + 1) * nparts] for c in range(classes)]
+    at += classes * nparts
+    send = [refs[at + c * nparts:at + (c + 1) * nparts] for c in range(classes)]
+    at += classes * nparts
+    local_sem, recv_sem, send_sem, out_sem, capacity = refs[at:]
     me = me_ref[0]  # this device's index on the ring (an SMEM scalar, see _call)
     right, left = lax.rem(me + 1, p), lax.rem(me + p - 1, p)
 
@@ -124,20 +169,21 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *ref
         return base + lax.rem(me - way * (h - p + 1) + 2 * p * p, p)
 
     # Every buffer holds whole pieces of one size class (c, i = plan.slot_of[j]): DMAs copy
-    # whole rows, never a slice of the last (tiled) dimension, which Mosaic could not align.
+    # whole pieces, never a slice of the last (tiled) dimensions, which Mosaic could not align.
     def fetch(lane, t):  # local DMA: piece of x needed at step t, HBM -> VMEM slot t % 2
         h, j = divmod(t, k)
         c, i = plan.slot_of[j]
         return pltpu.make_async_copy(x_ref[c].at[chunk(lane, h), i], local[c].at[lane, t % 2],
                                      local_sem.at[lane, t % 2])
 
-    def message(lane, t):  # remote DMA: message t, my send slot -> downstream's receive slot
+    def message(lane, t):  # remote DMAs: message t's arrays, my send slot -> downstream's
         _, way = plan.lanes[lane]
         c, _ = plan.slot_of[t % k]
-        return pltpu.make_async_remote_copy(
-            send[c].at[lane, t % 2], recv[c].at[lane, t % slots],
-            send_sem.at[lane, t % 2], recv_sem.at[lane, t % slots],
+        return [pltpu.make_async_remote_copy(
+            send[c][q].at[lane, t % 2], recv[c][q].at[lane, t % slots],
+            send_sem.at[lane, t % 2, q], recv_sem.at[lane, t % slots, q],
             device_id={axis: right if way > 0 else left})  # {mesh axis: index}: a mesh id
+            for q in range(nparts)]
 
     def store(lane, t):  # local DMA: decoded result piece, VMEM slot t % 2 -> HBM
         h, j = divmod(t, k)
@@ -150,7 +196,7 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *ref
         fetch(lane, 0).start()
     for t in range(plan.steps):
         h, j = divmod(t, k)
-        size, (c, _) = plan.pieces[j][1], plan.slot_of[j]
+        c = plan.slot_of[j][0]
         for lane in range(len(plan.lanes)):
             _, way = plan.lanes[lane]
             upstream = left if way > 0 else right
@@ -158,47 +204,53 @@ def _kernel(plan: RingPlan, codec, axis: str, sabotage: str | None, me_ref, *ref
                 fetch(lane, t + 1).start()  # prefetch: overlaps this step's compute
             if h <= p - 1:
                 fetch(lane, t).wait()
-                mine = local[c][lane, t % 2]  # [1, size]
+                mine = local[c][lane, t % 2]
             if h >= 1:  # message t - k: the same piece, one hop earlier
                 if sabotage == "early_read":  # the slot read before its bytes have landed
-                    got = recv[c][lane, (t - k) % slots]
-                    message(lane, t - k).wait_recv()
+                    got = [r[lane, (t - k) % slots] for r in recv[c]]
+                    for dma in message(lane, t - k):
+                        dma.wait_recv()
                 else:
-                    message(lane, t - k).wait_recv()
-                    got = recv[c][lane, (t - k) % slots]  # [1, bytes]
+                    for dma in message(lane, t - k):
+                        dma.wait_recv()
+                    got = [r[lane, (t - k) % slots] for r in recv[c]]
                 if t - k + slots < plan.messages:  # the slot is free: tell upstream
                     pl.semaphore_signal(capacity.at[lane], 1, device_id={axis: upstream})
             # The fused hop: what this device sends (or keeps) at hop h.
             if h == 0:
                 wire = codec.encode(mine)
             elif h <= p - 1:
-                wire = codec.encode(codec.decode(got, size) + mine.astype(codec.acc))
+                wire = codec.hop(got, mine)
             else:
                 wire = got  # the all-gather forwards the owner's bytes unchanged
             if h >= p - 1:  # reduced bytes: decode into the result (the owner too)
                 if t - 2 >= first_store:
                     store(lane, t - 2).wait()
-                res[c][lane, t % 2] = codec.decode(wire, size).astype(res[c].dtype)
+                res[c][lane, t % 2] = codec.decode(wire).astype(res[c].dtype)
                 store(lane, t).start()
             if t < plan.messages:
                 if t >= 2:
-                    message(lane, t - 2).wait_send()
-                send[c][lane, t % 2] = wire
+                    for dma in message(lane, t - 2):
+                        dma.wait_send()
+                for q in range(nparts):
+                    send[c][q][lane, t % 2] = wire[q]
                 if t >= slots and sabotage != "capacity":
                     pl.semaphore_wait(capacity.at[lane], 1)
-                message(lane, t).start()
+                for dma in message(lane, t):
+                    dma.start()
     for lane in range(len(plan.lanes)):  # drain: every DMA and signal accounted for
         for t in range(max(plan.messages - 2, 0), plan.messages):
-            message(lane, t).wait_send()
+            for dma in message(lane, t):
+                dma.wait_send()
         for t in range(max(plan.steps - 2, first_store), plan.steps):
             store(lane, t).wait()
         if sabotage == "capacity":  # the skipped waits, taken at the end: counts balance
             pl.semaphore_wait(capacity.at[lane], max(plan.messages - slots, 0))
 
 
-def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, pieces: list[jax.Array],
-          varying: frozenset):
-    """The pallas_call, on the pieces of x grouped by size class (`[chunks, count, 1, size]`
+def _call(plan: RingPlan, codec: _Pieces, axis: str, interpret, sabotage,
+          pieces: list[jax.Array], varying: frozenset):
+    """The pallas_call, on the pieces of x grouped by size class (`[chunks, count, *piece]`
     each). The device index comes in as an SMEM scalar rather than from `lax.axis_index`
     inside the kernel: interpret mode re-traces the body inside the caller's shard_map, where
     (jax 0.10.2, check_vma=True) arithmetic on the kernel's axis_index fails the varying-axes
@@ -206,17 +258,19 @@ def _call(plan: RingPlan, codec, axis: str, interpret, sabotage, pieces: list[ja
     me = lax.axis_index(axis).astype(jnp.int32).reshape(1)
     lanes, slots = len(plan.lanes), plan.slots
     sizes = plan.sizes
-    nbytes = [codec.nbytes(size) for size in sizes]
+    nparts = len(codec.parts(sizes[0]))
     dtype = pieces[0].dtype
     kernel = functools.partial(_kernel, plan, codec, axis, sabotage)
-    # [lanes, slot, 1, width]: the slot axis stays off the last two (tiled) dimensions
-    scratch = [*(pltpu.VMEM((lanes, 2, 1, m), dtype) for m in sizes),  # local: pieces of x
-               *(pltpu.VMEM((lanes, slots, 1, b), jnp.uint8) for b in nbytes),  # recv: k + 1
-               *(pltpu.VMEM((lanes, 2, 1, b), jnp.uint8) for b in nbytes),  # send: in flight
-               *(pltpu.VMEM((lanes, 2, 1, m), codec.acc) for m in sizes),  # res: decoded
+    # [lanes, slot, *piece]: the slot axis stays off the last two (tiled) dimensions
+    scratch = [*(pltpu.VMEM((lanes, 2, *codec.values(m)), dtype) for m in sizes),  # local
+               *(pltpu.VMEM((lanes, 2, *codec.values(m)), codec.acc) for m in sizes),  # res
+               *(pltpu.VMEM((lanes, slots, *shape), d)  # recv: k + 1 slots
+                 for m in sizes for shape, d in codec.parts(m)),
+               *(pltpu.VMEM((lanes, 2, *shape), d)  # send: in flight
+                 for m in sizes for shape, d in codec.parts(m)),
                pltpu.SemaphoreType.DMA((lanes, 2)),
-               pltpu.SemaphoreType.DMA((lanes, slots)),
-               pltpu.SemaphoreType.DMA((lanes, 2)),
+               pltpu.SemaphoreType.DMA((lanes, slots, nparts)),
+               pltpu.SemaphoreType.DMA((lanes, 2, nparts)),
                pltpu.SemaphoreType.DMA((lanes, 2)),
                pltpu.SemaphoreType.REGULAR((lanes,))]  # capacity: free slots downstream
     any_space = pl.BlockSpec(memory_space=pl.ANY)
@@ -276,15 +330,17 @@ def _ring(x, axis_name, fmt, algorithm, num_chunks, interpret, sabotage):
     ring (varying only over the other mesh axes x varies over)."""
     p, n = lax.axis_size(axis_name), x.size
     plan = plan_ring(n, p, fmt=fmt, algorithm=algorithm, num_chunks=num_chunks, dtype=x.dtype)
-    codec = wire_codec(fmt, x.dtype)
+    codec = _Pieces(fmt, x.dtype)
     flat = x.reshape(-1)
     if plan.chunks * plan.length > n:
         flat = jnp.pad(flat, (0, plan.chunks * plan.length - n))
     chunks = flat.reshape(plan.chunks, plan.length)
     by_size = [[j for j, (_, size) in enumerate(plan.pieces) if size == m] for m in plan.sizes]
-    pieces = [jnp.stack([chunks[:, plan.pieces[j][0]:sum(plan.pieces[j])] for j in group],
-                        axis=1)[:, :, None, :] for group in by_size]  # [chunks, count, 1, size]
+    pieces = [jnp.stack([chunks[:, plan.pieces[j][0]:sum(plan.pieces[j])].reshape(
+        plan.chunks, *codec.values(plan.pieces[j][1])) for j in group], axis=1)
+        for group in by_size]  # [chunks, count, *piece]
     outs = _call(plan, codec, axis_name, interpret, sabotage, pieces,
                  backend.varying(x) - {axis_name})
-    out = jnp.concatenate([outs[c][:, i, 0] for c, i in plan.slot_of], axis=1)
+    out = jnp.concatenate([outs[c][:, i].reshape(plan.chunks, -1) for c, i in plan.slot_of],
+                          axis=1)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

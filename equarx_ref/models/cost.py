@@ -259,7 +259,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     out: list[Phase] = []
     if algorithm in RING_FAMILY:
         d = 2 if algorithm == "bidir_ring" else 1
-        chunk = layout(n, total * d, fmt.block_size if fmt else 1, 1)[0]
+        chunk = layout(n, total * d, fmt.row if fmt else 1, 1)[0]
         # priced with the first phase's hops: each lane's first message, encoded before the
         # first hop (a pass per lane), and the owner's own sums, decoded with the gathered ones
         # (the lanes' bytes in one pass, as a gather hop decodes both lanes' arrivals in one)
@@ -290,7 +290,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         return out
     (p,) = shape
     if algorithm == "two_shot":
-        chunk = layout(n, p, fmt.block_size if fmt else 1, 1)[0]
+        chunk = layout(n, p, fmt.row if fmt else 1, 1)[0]
         enc = encoded_bytes(chunk, fmt, dtype)
         per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
         hops = primitive_hops("all_gather", p)

@@ -60,9 +60,10 @@ class HopPlan:
 
     @property
     def align(self) -> int:
-        """The chunk alignment every format of the plan needs (blocks are powers-of-two
-        multiples of one base block, so the largest is a multiple of all)."""
-        return max(f.block_size for f in self.formats)
+        """The chunk alignment every format of the plan needs: whole message rows of each
+        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
+        the longest is a multiple of all)."""
+        return max(f.row for f in self.formats)
 
     @property
     def formats(self) -> list[Format]:

@@ -133,7 +133,7 @@ def _sent(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits) -> int:
         steps, (_, gathered) = step_weights(make_schedule(algorithm, shape))
         sends = [(steps[t][1], f) for t, f in plan.reduce] + [(gathered, plan.gather)]
         return sum(k * sum(f.nbytes(m) for _, m in pieces) for k, f in sends if k)
-    _, pieces = layout(n, chunks, fmt.block_size if fmt else 1, num_chunks)
+    _, pieces = layout(n, chunks, fmt.row if fmt else 1, num_chunks)
     return _chunks_sent(algorithm, shape) * sum(encoded_bytes(m, fmt, dtype) for _, m in pieces)
 
 

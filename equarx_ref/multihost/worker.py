@@ -96,7 +96,7 @@ def _programs(mesh, algorithm: str, fmt_name: str, n: int):
         mesh=mesh, in_specs=P("h"), out_specs=P()))
     # the messages all_reduce sends, step by step (collectives._reduce/_gather_phase)
     sched = make_schedule(algorithm, (p,))
-    m = layout(n, sched.chunk_count, fmt.block_size if fmt else 1)[0]
+    m = layout(n, sched.chunk_count, fmt.row if fmt else 1)[0]
     enc = lambda values: encoded_bytes(values, fmt, "bfloat16")  # noqa: E731
     owned = sum(1 for own in sched.owners if 0 in own)
     sizes = [("permute", enc(len(s.transfers[0].chunks) * m), s.transfers)

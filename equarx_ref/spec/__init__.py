@@ -15,7 +15,8 @@ The rules, for each block of B f32 values x (formats.py, scale.py, elements.py, 
             or stochastic, given uniforms u: up from the grid value below, lo, to the one
             above, hi, exactly when |x| - lo s >= (1 - u)(hi - lo) s
     x'      = element * s, saturated to f32's finite range
-    bytes   per block its packed payload, then its scale's bytes (wire.py)
+    message two operands, block r G + j in lane r of slot j: payload [G PB, R] and scales
+            [G, R] (wire.py); its canonical bytes: per block its payload, then its scale
 
 then the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
 in f32 in the schedule's order; the owner keeps exactly what the others receive; and the data
@@ -52,9 +53,17 @@ from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int, tiny_
 from .quantize import SpecQuantized, quantize_blocks, round_trip, to_blocks
 from .scale import block_scale
 from .sums import all_reduce
-from .wire import fixed_bytes, scale_bytes, wire_bytes
+from .wire import (
+    blocks_per_row,
+    canonical_bytes,
+    fixed_bytes,
+    from_message,
+    message,
+    row_values,
+    scale_bytes,
+)
 
 __all__ = ["E8M0_BIAS", "ELEMENTS", "F32_MAX", "F32_TINY", "SpecQuantized", "all_reduce",
            "block_scale", "fixed_bytes", "grid", "is_int", "nearest", "pack", "quantize_blocks",
            "round_trip", "scale_bytes", "stochastic", "tiny_exponent", "to_blocks", "unpack",
-           "wire_bytes"]
+           "blocks_per_row", "canonical_bytes", "from_message", "message", "row_values"]

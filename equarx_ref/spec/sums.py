@@ -21,21 +21,22 @@ import numpy as np
 
 from .formats import F32_TINY
 from .quantize import round_trip
+from .wire import row_values
 
 
 def all_reduce(x: np.ndarray, schedule, fmt, plan=None) -> np.ndarray:
     """What `all_reduce` must return for inputs `x` [p, ...], following `schedule`.
 
     `plan` (hop-aware bits): ({step time: format}, gather format); chunks are then padded to
-    the largest block of the plan, and each step's messages use its own format. Padding and
-    chunk ownership depend only on (length, devices, block): C chunks of L values, L a
-    multiple of the block.
+    the longest row of the plan, and each step's messages use its own format. Padding and
+    chunk ownership depend only on (length, devices, row): C chunks of L values, L a whole
+    number of message rows (wire.py: 128 values when the block divides 128, else a block).
     """
     x = np.asarray(x)
     p, n = x.shape[0], x[0].size
     dtype = x.dtype
     steps_fmt, gather_fmt = plan if plan is not None else ({}, fmt)
-    align = max([f.block_size for f in (fmt, gather_fmt, *steps_fmt.values())]) \
+    align = max([row_values(f) for f in (fmt, gather_fmt, *steps_fmt.values())]) \
         if fmt is not None else 1
     C = schedule.chunk_count
     L = -(-n // (C * align)) * align
