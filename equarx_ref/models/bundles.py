@@ -49,6 +49,10 @@ _DEF = re.compile(r"%(s\w+) = (sadd\.s32|smov|sphi|sld) ([^;]*?)(?:/\*|;;|$)")
 _SPILL = re.compile(r"= sst \[smem:\[#(allocation\d+_spill)\]\] %(s\w+)")
 _CALL = re.compile(r"inlined_call[^/]*/\* (?:%([\w.\-]+) = |(<[\w\-]+>) \*/)")
 _FILE = re.compile(r"^\d+-(.+)-\d+-final_bundles\.txt$")
+# a matrix-unit multiply: `vmatmul.<type>....mxuN`; it pushes a register's rows through MXU N,
+# one row a cycle: 16 of a packed 16-bit register, 8 of a 32-bit one
+_MATMUL = re.compile(r"= vmatmul\.(?:[a-z]+\.)*?(bf16|f32|s8|u8|f16|fp8)[a-z0-9_.]*\.mxu(\d+)")
+_ROWS = {"bf16": 16, "f16": 16, "f32": 8, "s8": 32, "u8": 32, "fp8": 32}
 
 
 def _int(text: str) -> int:
@@ -68,6 +72,10 @@ class Listing:
             own checks in a top-level program), counted once.
         calls: `(index, callee)` per inlined call: the bundle and the HLO instruction it runs.
         weight: per bundle, how many times it runs (the trips of the loops around it).
+        mxu_stall: cycles the matrix units add beyond the bundles: where a loop body (or the
+            code outside loops) pushes more rows through one MXU than it has bundles, the
+            difference, times its trips (a bundle issues a multiply; the unit takes a cycle
+            per row: XLA's own matmul would otherwise come out faster than the chip's peak).
     """
 
     name: str
@@ -75,6 +83,7 @@ class Listing:
     loops: tuple[tuple[int, int, int | None], ...]
     calls: tuple[tuple[int, str], ...]
     weight: tuple[int, ...]
+    mxu_stall: int = 0
 
     @property
     def unknown(self) -> int:
@@ -83,8 +92,9 @@ class Listing:
 
     @property
     def cycles(self) -> int:
-        """Its own static cycles: every bundle times the trips around it (calls not included)."""
-        return sum(self.weight)
+        """Its own static cycles: every bundle times the trips around it, and the matrix
+        units' stalls (calls not included)."""
+        return sum(self.weight) + self.mxu_stall
 
     def body(self) -> int:
         """Bundles a turn of its outermost loop takes (0 without a loop): a grid step."""
@@ -176,7 +186,36 @@ def parse_listing(text: str, name: str = "") -> Listing:
             weight[i] *= trips or 1
     calls = tuple((i, c.group(1) or c.group(2)) for i, (_, ops, _) in enumerate(bundles)
                   for c in _CALL.finditer(ops))
-    return Listing(name, len(bundles), tuple(loops), calls, tuple(weight))
+    return Listing(name, len(bundles), tuple(loops), calls, tuple(weight),
+                   _mxu_stall(bundles, loops, weight))
+
+
+def _mxu_stall(bundles, loops, weight) -> int:
+    """Cycles the MXUs add beyond the bundles, per innermost loop body and outside loops."""
+    rows = [{} for _ in bundles]  # per bundle: rows pushed per MXU
+    for i, (_, ops, _) in enumerate(bundles):
+        for m in _MATMUL.finditer(ops):
+            rows[i][m.group(2)] = rows[i].get(m.group(2), 0) + _ROWS[m.group(1)]
+    if not any(rows):
+        return 0
+    inner = [(f, l) for f, l, _ in loops
+             if not any(f <= f2 and l2 <= l and (f2, l2) != (f, l) for f2, l2, _ in loops)]
+    covered = set()
+    stall = 0
+    for f, l in inner:
+        busy: dict[str, int] = {}
+        for i in range(f, l + 1):
+            covered.add(i)
+            for unit, r in rows[i].items():
+                busy[unit] = busy.get(unit, 0) + r
+        stall += max(0, max(busy.values(), default=0) - (l - f + 1)) * weight[f]
+    busy = {}
+    outside = [i for i in range(len(bundles)) if i not in covered and
+               not any(f <= i <= l for f, l, _ in loops)]
+    for i in outside:
+        for unit, r in rows[i].items():
+            busy[unit] = busy.get(unit, 0) + r
+    return stall + max(0, max(busy.values(), default=0) - len(outside))
 
 
 @dataclasses.dataclass(frozen=True)

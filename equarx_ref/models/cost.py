@@ -115,6 +115,9 @@ class Chip:
         fresh_bandwidth: bytes/s of first touching memory fresh from the operating system,
             paid for a result of at least `FRESH_BYTES` (module essay). None (the TPU
             presets): not modelled. The multi-host benchmark measures it.
+        mxus: matrix units per chip, and `mxu_width` their width (128 x 128, 256 x 256): with
+            `peak_flops` they give the clock (`clock_hz`) a static bundle schedule is priced
+            at (models/bundles.py). 0: not known.
         primitive_bandwidth: bytes/s sent per device through each collective primitive that
             was timed on its own, as (primitive, bytes/s) pairs (a dict is taken too), the
             primitives those of `PRIMITIVES`; a phase whose primitive has no rate here runs at
@@ -133,6 +136,8 @@ class Chip:
     codec_bandwidth: float | None = None
     fresh_bandwidth: float | None = None
     primitive_bandwidth: tuple[tuple[str, float], ...] = ()
+    mxus: int = 0
+    mxu_width: int = 0
 
     def __post_init__(self):
         for field in ("name", "source"):
@@ -162,6 +167,14 @@ class Chip:
         object.__setattr__(self, "primitive_bandwidth",
                            tuple(sorted((name, float(rate)) for name, rate in pairs)))
 
+    @property
+    def clock_hz(self) -> float:
+        """Cycles a second, from public figures: peak bf16 FLOP/s over the MXUs' multiply-adds
+        a cycle, mxus x width^2 x 2 (one row of each MXU a cycle)."""
+        if not (self.mxus and self.mxu_width):
+            raise ValueError(f"{self.name}: no MXU figures, so no clock to price cycles at")
+        return self.peak_flops / (self.mxus * self.mxu_width ** 2 * 2)
+
     def bandwidth(self, primitive: str) -> float:
         """Bytes/s of `primitive`: its own rate if measured, else `link_bandwidth`."""
         return dict(self.primitive_bandwidth).get(primitive, self.link_bandwidth)
@@ -187,12 +200,19 @@ def primitive_hops(primitive: str, p: int) -> int:
 
 _BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of chip figures"
 _HOP = "hop latency ~1 us: an estimate (scaling-book part 3)"
+_MXU = ("MXUs per chip: Google Cloud's TPU pages and jax's Pallas `TpuInfo` (v5e 4 of 128 x "
+        "128; v6e 2 of 256 x 256; v4 and v5p 2 TensorCores of 4 of 128 x 128)")
 CHIPS = {
-    # name: ICI one way per link, hop latency, HBM bandwidth, bf16 FLOP/s; links; pod shape
-    "v4": Chip("TPU v4", 4.5e10, 1e-6, 1.2e12, 2.75e14, 6, (16, 16, 16), f"{_BOOK}; {_HOP}"),
-    "v5e": Chip("TPU v5e", 5e10, 1e-6, 8.1e11, 1.97e14, 4, (16, 16), f"{_BOOK}; {_HOP}"),
-    "v5p": Chip("TPU v5p", 1e11, 1e-6, 2.8e12, 4.59e14, 6, (16, 20, 28), f"{_BOOK}; {_HOP}"),
-    "v6e": Chip("TPU v6e", 1e11, 1e-6, 1.6e12, 9.2e14, 4, (16, 16), f"{_BOOK}; {_HOP}"),
+    # name: ICI one way per link, hop latency, HBM bandwidth, bf16 FLOP/s; links; pod shape;
+    # MXUs and their width (the clock: `Chip.clock_hz`)
+    "v4": Chip("TPU v4", 4.5e10, 1e-6, 1.2e12, 2.75e14, 6, (16, 16, 16),
+               f"{_BOOK}; {_HOP}; {_MXU}", mxus=8, mxu_width=128),
+    "v5e": Chip("TPU v5e", 5e10, 1e-6, 8.1e11, 1.97e14, 4, (16, 16),
+                f"{_BOOK}; {_HOP}; {_MXU}", mxus=4, mxu_width=128),
+    "v5p": Chip("TPU v5p", 1e11, 1e-6, 2.8e12, 4.59e14, 6, (16, 20, 28),
+                f"{_BOOK}; {_HOP}; {_MXU}", mxus=8, mxu_width=128),
+    "v6e": Chip("TPU v6e", 1e11, 1e-6, 1.6e12, 9.2e14, 4, (16, 16),
+                f"{_BOOK}; {_HOP}; {_MXU}", mxus=2, mxu_width=256),
 }
 
 

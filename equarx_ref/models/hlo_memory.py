@@ -39,7 +39,7 @@ import math
 import re
 
 __all__ = ["KINDS", "MemoryTraffic", "kernel_io", "largest_arrays", "memory_traffic",
-           "tiled_bytes"]
+           "op_bytes", "tiled_bytes"]
 
 #: The categories of `MemoryTraffic.by_kind`.
 KINDS = ("fusion", "copy", "reshape", "slice", "collective", "other")
@@ -147,9 +147,10 @@ def _computations(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
     return entry, comps
 
 
-def _ops(lines: list[str]):
+def _ops(lines: list[str], named: bool = False):
     """Each instruction of a computation that calls an op: (opcode, its text, the arrays it
-    touches: its operands' and its results', each (tiled bytes, data bytes, in VMEM))."""
+    touches: its operands' and its results', each (tiled bytes, data bytes, in VMEM)); with
+    `named`, its name first."""
     arrays: dict[str, list[tuple[float, float, bool]]] = {}
     for line in lines:
         instr = _INSTR.match(line)
@@ -161,8 +162,9 @@ def _ops(lines: list[str]):
         arrays[target] = [_array_bytes(*s.groups()) for s in _SHAPE.finditer(result)]
         if call:
             operands = re.findall(r"%([\w.\-]+)", call.group(2))
-            yield call.group(1), rest, \
-                [a for op in operands for a in arrays.get(op, [])] + arrays[target]
+            touched = [a for op in operands for a in arrays.get(op, [])] + arrays[target]
+            yield (target, call.group(1), rest, touched) if named else \
+                (call.group(1), rest, touched)
 
 
 def _entry(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
@@ -213,6 +215,26 @@ def kernel_io(hlo_text: str) -> float:
         declared = float(declared.group(1)) if declared else 0.0
         total += declared if declared > 0 else sum(a[0] for a in touched)
     return total
+
+
+def op_bytes(hlo_text: str) -> dict[str, tuple[float, bool]]:
+    """Per instruction of the ENTRY computation that moves bytes: (its HBM bytes, declared).
+    A Pallas kernel's are what it declares (`pl.CostEstimate`: the blocks its grid moves,
+    each once), and say so (declared True); any other op's, its operands' and results' tiled
+    bytes outside VMEM (0 for an op in VMEM only). Keyed by the instruction's name, which is
+    also its bundle listing's (`models/bundles.py`)."""
+    entry, comps = _entry(hlo_text)
+    out: dict[str, tuple[float, bool]] = {}
+    for name, opcode, text, touched in _ops(comps[entry], named=True):
+        if opcode in _FREE and opcode != "custom-call":
+            continue
+        if opcode == "custom-call" and '"tpu_custom_call"' in text:
+            declared = _DECLARED.search(text)
+            if declared and float(declared.group(1)) > 0:
+                out[name] = (float(declared.group(1)), True)
+                continue
+        out[name] = (sum(a[0] for a in touched if not a[2]), False)
+    return out
 
 
 #: A Pallas kernel's declared bytes, in its backend config.

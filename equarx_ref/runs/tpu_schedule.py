@@ -1,0 +1,312 @@
+"""The TPU's own schedule, read back: what libtpu says each kernel and fusion costs in cycles.
+
+XLA:TPU's `cost_analysis()` counts bytes, and for a Pallas kernel it reports the bytes the
+kernel declares (`pl.CostEstimate`): a figure a program states about itself, blind to its work.
+The chip's compiler says more. A TensorCore is an in-order VLIW machine and libtpu schedules
+its bundles statically; with
+
+    LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR --xla_jf_dump_llo_text=true
+                      --xla_jf_dump_llo_pass_label_regex=final_bundles"
+
+set before libtpu loads (`enable_dump`), every compile leaves a listing per kernel and fusion
+(`models/bundles.py` reads them: bundles times loop trips, plus the matrix units' stalls).
+Nothing runs; this is the schedule the chip would execute. Each piece of a program is priced
+
+    compute  static cycles / clock          (Chip.clock_hz, from public figures)
+    memory   its bytes / HBM bandwidth      a kernel's fewest bytes; a fusion's operands and
+                                            results in their tiled layouts (hlo_memory)
+    price    max(compute, memory)           the roofline of one kernel
+
+and a program's price is the sum along its schedule (nothing overlaps in it: an upper bound
+where DMAs overlap compute, a fair one for kernels that stream). A kernel's declared bytes are
+used only where the program text gives nothing better (inside a collective, a kernel reads part
+of a larger array), and are marked declared wherever they appear.
+
+Trust comes from yardsticks (`yardsticks`), compiled the same way: XLA's bf16 matmul must come
+out near the chip's peak FLOP/s (the MXU stall accounting: a bundle issues a multiply, the unit
+takes a cycle per row), a Pallas `x + 1` and XLA's own `x + 1` fusion at or under their HBM
+time. Then the codec's kernels (`codec_rows`: encode, decode, hop and two-shot's reduce of
+each format, 16 MiB of bf16 on one chip) are priced against the HBM time of their fewest bytes,
+and the AllReduces (`all_reduce_rows`, 16 MiB per chip over 8 chips) are read back whole:
+their static compute beside the time model's, and the model re-priced with every kernel's and
+fusion's roofline (`priced_time` of `tpu_readback.py`). The figures are stored in
+equarx_ref/data/tpu-schedule.json (`equarx-ref kernels --schedule`); the TPU tier of the tests
+holds the targets to them.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+import equarx_ref as eq
+
+from ..models.bundles import ProgramSchedule, read_dump
+from ..models.cost import as_chip, predicted_time
+from ..models.hlo_memory import op_bytes
+from .tpu_compile import (
+    compile_all_reduce,
+    compile_on_chip,
+    prepare_environment,
+    tpu_devices,
+)
+
+__all__ = ["CODEC_FORMATS", "CODEC_KERNELS", "N", "SCHEDULE_CASES", "all_reduce_rows",
+           "codec_rows", "compiled_schedule", "enable_dump", "format_schedule", "price_ops",
+           "schedule_record", "yardsticks"]
+
+#: Values per chip the schedule is read at: 16 MiB of bf16.
+N = 8 << 20
+#: The formats whose kernels are priced (issue 50's list).
+CODEC_FORMATS = ("int8", "fp8_e4m3", "int4", "mxfp8", "mxfp4")
+#: The codec's kernels, each a program of its own.
+CODEC_KERNELS = ("encode", "decode", "hop", "reduce")
+#: The AllReduces read back whole: (algorithm, format or None, num_chunks, impl).
+SCHEDULE_CASES = (("psum", None, 1, "xla"), ("bidir_ring", None, 1, "xla"),
+                  ("bidir_ring", "int8", 1, "mosaic"), ("bidir_ring", "int8", 2, "mosaic"),
+                  ("ring", "int8", 1, "mosaic"), ("two_shot", "int8", 1, "mosaic"),
+                  ("bidir_ring", "int8", 1, "xla"))
+_FLAGS = ("--xla_jf_dump_to={} --xla_jf_dump_llo_text=true "
+          "--xla_jf_dump_llo_pass_label_regex=final_bundles")
+_folder: pathlib.Path | None = None
+
+
+def enable_dump() -> pathlib.Path:
+    """Make libtpu write its final bundle listings into a folder of this process's, and return
+    it. Must run before libtpu loads (its flags are read once): it refuses afterwards."""
+    global _folder
+    if _folder is not None:
+        return _folder
+    flags = os.environ.get("LIBTPU_INIT_ARGS", "")
+    if tpu_devices.cache_info().currsize and "--xla_jf_dump_to" not in flags:
+        raise RuntimeError("libtpu has loaded already (a TPU topology was made): "
+                           "enable_dump() must run first")
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="equarx-bundles-"))
+    os.environ["LIBTPU_INIT_ARGS"] = f"{flags} {_FLAGS.format(folder)}".strip()
+    _folder = folder
+    return folder
+
+
+def compiled_schedule(compile_thunk: Callable):
+    """(compiled, its `ProgramSchedule`): runs `compile_thunk` with an empty dump folder and
+    reads what libtpu wrote for it."""
+    folder = enable_dump()
+    for path in folder.iterdir():
+        path.unlink()
+    compiled = compile_thunk()
+    return compiled, read_dump(folder)
+
+
+def price_ops(schedule: ProgramSchedule, hlo_text: str, chip) -> list[dict]:
+    """Each kernel and fusion the program calls, priced: {"op", "cycles", "compute_s",
+    "bytes", "declared" (the bytes are a kernel's own declaration), "memory_s", "price_s"}."""
+    chip = as_chip(chip)
+    moved = op_bytes(hlo_text)
+    rows = []
+    for op, cycles in schedule.called().items():
+        if op.startswith("<"):  # the runtime's own prologue and epilogue
+            continue
+        nbytes, declared = moved.get(op, (0.0, False))
+        compute, memory = cycles / chip.clock_hz, nbytes / chip.hbm_bandwidth
+        rows.append({"op": op, "cycles": cycles, "compute_s": compute, "bytes": nbytes,
+                     "declared": declared, "memory_s": memory, "price_s": max(compute, memory)})
+    return rows
+
+
+def _program(topology: str, fn, args):
+    compiled, schedule = compiled_schedule(lambda: compile_on_chip(topology, fn, args))
+    return compiled, schedule
+
+
+def yardsticks(topology: str, *, n: int = N) -> list[dict]:
+    """The checks the counting must pass before it is trusted: XLA's bf16 matmul (4096^3) in
+    time against the chip's peak FLOP/s ("ratio": cycles' time over peak time, near 1), and a
+    Pallas `x + 1` and XLA's `x + 1` fusion on n bf16 values against their HBM time (at most
+    1: memory bound). One row each: {"topology", "program", "cycles", "compute_s",
+    "reference_s", "ratio"}."""
+    from jax.experimental import pallas as pl
+
+    chip = as_chip(topology.split(":")[0])
+
+    def pallas_x1(x):
+        rows = x.reshape(-1, 128)
+
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        return pl.pallas_call(body, grid=(rows.shape[0] // 512,),
+                              in_specs=[pl.BlockSpec((512, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((512, 128), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct(rows.shape, rows.dtype))(rows)
+
+    m = 4096
+    cases = [("matmul bf16 4096^3", lambda a, b: a @ b, (("bfloat16", (m, m)),) * 2,
+              2 * m ** 3 / chip.peak_flops),
+             ("pallas x + 1", pallas_x1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth),
+             ("xla x + 1", lambda x: x + 1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth)]
+    rows = []
+    for name, fn, args, reference in cases:
+        _, schedule = _program(topology, fn, args)
+        cycles = schedule.cycles()
+        compute = cycles / chip.clock_hz
+        rows.append({"topology": topology, "program": name, "cycles": cycles,
+                     "compute_s": compute, "reference_s": reference,
+                     "ratio": compute / reference})
+    return rows
+
+
+def _codec_program(kernel: str, fmt, n: int, p: int = 8):
+    """(function, argument shapes, fewest bytes) of one of the codec's kernels at n values."""
+    from equarx_ref.kernels import codec
+
+    (pb, rows), (g, _) = eq.wire.message_shapes(n, fmt)
+    bits = {"bfloat16": "uint16", "float32": "uint32", "e8m0": "uint8"}[fmt.scale_dtype]
+    message = (("uint8", (pb, rows)), (bits, (g, rows)))
+    nbytes = fmt.nbytes(n)
+    if kernel == "encode":
+        return (lambda x: codec.encode(x.reshape(-1, 128), fmt, interpret=False),
+                (("bfloat16", (n,)),), 2 * n + nbytes)
+    if kernel == "decode":
+        return (lambda a, s: codec.decode(eq.wire.Message(a, s), fmt, "bfloat16",
+                                          interpret=False), message, nbytes + 2 * n)
+    if kernel == "hop":
+        return (lambda a, s, x: codec.hop(eq.wire.Message(a, s), x.reshape(-1, 128), fmt,
+                                          interpret=False),
+                (*message, ("bfloat16", (n,))), 2 * nbytes + 2 * n)
+    stack = (("uint8", (p, pb, rows)), (bits, (p, g, rows)))
+    return (lambda a, s: codec.reduce(eq.wire.Message(a, s), fmt, interpret=False), stack,
+            (p + 1) * nbytes)
+
+
+def codec_rows(topology: str, *, formats=CODEC_FORMATS, kernels=CODEC_KERNELS, n: int = N,
+               progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Each codec kernel of each format as a program on one chip, n values (two-shot's reduce:
+    of 8 messages of n / 8): {"topology", "format", "kernel", "n", "cycles", "compute_s",
+    "fewest_bytes", "hbm_s", "ratio" (compute over HBM time: the kernel's price is the HBM
+    time when it is at most 1)}."""
+    chip = as_chip(topology.split(":")[0])
+    rows = []
+    for name in formats:
+        fmt = eq.Format.parse(name)
+        for kernel in kernels:
+            if progress:
+                progress(f"{topology} schedule: {kernel} {name}")
+            values = n // 8 if kernel == "reduce" else n
+            fn, args, fewest = _codec_program(kernel, fmt, values)
+            _, schedule = _program(topology, fn, args)
+            cycles = schedule.cycles()
+            compute, hbm = cycles / chip.clock_hz, fewest / chip.hbm_bandwidth
+            rows.append({"topology": topology, "format": name, "kernel": kernel, "n": values,
+                         "cycles": cycles, "compute_s": compute, "fewest_bytes": fewest,
+                         "hbm_s": hbm, "ratio": compute / hbm})
+    return rows
+
+
+def all_reduce_rows(topology: str, *, cases=SCHEDULE_CASES, n: int = N, p: int = 8,
+                    progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Each AllReduce compiled whole over p chips, n bf16 values per chip: {"topology",
+    "algorithm", "format", "num_chunks", "impl", "cycles" (static, every kernel and fusion),
+    "compute_s", "priced_s" (the sum of the ops' rooflines), "declared_bytes" (the part of the
+    memory side the kernels only declare), "model_s" (the time model's), "priced_time_s" (the
+    model with its memory passes taking the ops' priced time, `tpu_readback.priced_time`),
+    "ops" (the five costliest)}."""
+    from .tpu_readback import model_hbm_bytes, priced_time
+
+    name = topology.split(":")[0]
+    chip = as_chip(name)
+    rows = []
+    for algorithm, fmt_name, k, impl in cases:
+        if progress:
+            progress(f"{topology} schedule: {algorithm} {fmt_name or 'bf16'} k={k} {impl}")
+        fmt = None if fmt_name is None else eq.Format.parse(fmt_name)
+        options = {"fmt": fmt, "algorithm": algorithm}
+        if algorithm != "psum":
+            options.update(num_chunks=k, impl=impl)
+        compiled, schedule = compiled_schedule(
+            lambda o=options: compile_all_reduce(topology, n=n, p=p, **o))
+        ops = price_ops(schedule, compiled.as_text(), chip)
+        cycles = schedule.cycles()
+        priced = sum(o["price_s"] for o in ops)
+        model_bytes = model_hbm_bytes(n, p, fmt=fmt, algorithm=algorithm, num_chunks=k)
+        ratio = max(priced / (model_bytes / chip.hbm_bandwidth), 1.0) if model_bytes else 1.0
+        rows.append({
+            "topology": topology, "algorithm": algorithm, "format": fmt_name or "bfloat16",
+            "num_chunks": k, "impl": impl, "n": n, "p": p, "cycles": cycles,
+            "compute_s": cycles / chip.clock_hz, "priced_s": priced,
+            "declared_bytes": sum(o["bytes"] for o in ops if o["declared"]),
+            "model_s": predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=name,
+                                      num_chunks=k),
+            "priced_time_s": priced_time(n, p, fmt=fmt, algorithm=algorithm, chip=name,
+                                         ratio=ratio, num_chunks=k),
+            "ops": sorted(ops, key=lambda o: -o["price_s"])[:5]})
+    psum = next((r for r in rows if r["algorithm"] == "psum"), None)
+    for r in rows:
+        r["speedup_over_psum"] = None if psum is None else \
+            psum["priced_time_s"] / r["priced_time_s"]
+    return rows
+
+
+def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=("v5e:2x4",),
+                    n: int = N, formats=CODEC_FORMATS,
+                    progress: Callable[[str], None] | None = None) -> dict:
+    """Everything this module reads, as the JSON record equarx_ref/data/tpu-schedule.json
+    holds: the yardsticks and the codec's kernels on each topology, the AllReduces on
+    `all_reduce_topologies`; each chip's clock and HBM bandwidth, and the libtpu that made
+    them."""
+    from .tpu_compile import libtpu_version
+
+    prepare_environment(topologies[0])
+    start = time.perf_counter()
+    chips = {t.split(":")[0]: as_chip(t.split(":")[0]) for t in topologies}
+    record = {
+        "libtpu": libtpu_version(), "jax": jax.__version__, "n": n,
+        "chips": {k: {"clock_hz": c.clock_hz, "hbm_bandwidth": c.hbm_bandwidth,
+                      "peak_flops": c.peak_flops} for k, c in chips.items()},
+        "yardsticks": [r for t in topologies for r in yardsticks(t, n=n)],
+        "codec": [r for t in topologies for r in codec_rows(t, formats=formats, n=n,
+                                                            progress=progress)],
+        "all_reduce": [r for t in all_reduce_topologies
+                       for r in all_reduce_rows(t, n=n, progress=progress)],
+    }
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
+def format_schedule(record: dict) -> str:
+    """The record as plain-text tables."""
+    lines = [f"Static schedule (libtpu {record.get('libtpu')}, jax {record.get('jax')}): "
+             "cycles priced at each chip's clock, against HBM time", "",
+             "yardsticks (ratio: the schedule's time over the reference: peak FLOP/s for the "
+             "matmul, the HBM time of its fewest bytes for x + 1)"]
+    for r in record["yardsticks"]:
+        lines.append(f"  {r['topology']:9s} {r['program']:20s} {r['cycles']:>10,d} cycles "
+                     f"{r['compute_s'] * 1e6:>8.1f} us  ref {r['reference_s'] * 1e6:>8.1f} us"
+                     f"  {r['ratio']:>5.2f}x")
+    lines += ["", f"codec kernels, {record['n'] * 2 / 2**20:g} MiB of bf16 (two-shot's reduce: "
+              "8 messages of 1/8): static compute over the HBM time of the fewest bytes"]
+    head = f"  {'topology':9s} {'format':9s} " + " ".join(f"{k:>8s}" for k in CODEC_KERNELS)
+    lines.append(head)
+    cells: dict[tuple[str, str], dict[str, float]] = {}
+    for r in record["codec"]:
+        cells.setdefault((r["topology"], r["format"]), {})[r["kernel"]] = r["ratio"]
+    for (topology, fmt), by in cells.items():
+        lines.append(f"  {topology:9s} {fmt:9s} " + " ".join(
+            f"{by[k]:>7.2f}x" if k in by else f"{'-':>8s}" for k in CODEC_KERNELS))
+    lines += ["", "AllReduces, 8 chips, whole programs: static compute, the sum of the ops' "
+              "rooflines, the time model's time and the model re-priced with them "
+              "(modelled, not measured)"]
+    for r in record["all_reduce"]:
+        speed = r.get("speedup_over_psum")
+        lines.append(
+            f"  {r['topology']:9s} {r['algorithm']:10s} {r['format']:9s} k={r['num_chunks']} "
+            f"{r['impl']:6s} compute {r['compute_s'] * 1e6:>7.0f} us  priced "
+            f"{r['priced_s'] * 1e6:>7.0f} us  model {r['model_s'] * 1e6:>6.0f} us  re-priced "
+            f"{r['priced_time_s'] * 1e6:>6.0f} us" +
+            (f"  {speed:.2f}x psum" if speed else ""))
+    return "\n".join(lines)
