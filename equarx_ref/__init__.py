@@ -11,9 +11,9 @@ the one walk over a schedule), `execute.py` (a schedule run as shard_map collect
 its purpose: `spec/`, `models/`, `remedies/`, `kernels/`, `outliers/`, `gemma/`, `runs/`,
 `viz/`, `multihost/`, `cli/`; imports go one way (docs/contributing.md).
 
-The public API is re-exported here; nothing is defined in this file. Every name loads on first
-use (PEP 562's module `__getattr__`), so `import equarx_ref` loads nothing else, not even jax:
-`from equarx_ref import spec` runs where only NumPy and ml_dtypes are installed, and
+The public API is re-exported here; none of it is defined in this file, only how it loads: on
+first use (PEP 562's module `__getattr__`), so `import equarx_ref` loads nothing else, not even
+jax: `from equarx_ref import spec` runs where only NumPy and ml_dtypes are installed, and
 `eq.Format`, `eq.all_reduce`, ... import their module (and jax) the first time they are read.
 The subpackages load the same way: `eq.gemma` (the model), `eq.kernels` (Pallas), `eq.viz`
 (matplotlib), `eq.outliers` (static int4 with bf16 outlier features), `eq.spec`.

@@ -148,6 +148,8 @@ BAD = {
         None, "ring", 5, types.SimpleNamespace(owners=(), steps=()),
         _schedule(chunk_count=0), _schedule(chunk_count=2), _schedule(owners=((),)),
         _schedule(owners=((0, 4),)), _schedule(p=2.5), _schedule(p=True),
+        _schedule(owners=5), _schedule(steps=(5,)),
+        types.SimpleNamespace(chunk_count=1, owners=(), steps=()),
         _schedule(steps=(types.SimpleNamespace(time=0, phase="scatter", kind="all_gather",
                                                transfers=()),)),
         _schedule(steps=(types.SimpleNamespace(time=0, phase="reduce", kind="permute",

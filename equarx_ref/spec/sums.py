@@ -49,6 +49,9 @@ def _devices(schedule) -> int:
         return int(np.prod([_checks.count(q, "schedule.shape") for q in shape]))
     named = [d for devices in schedule.owners for d in devices]
     named += [d for step in schedule.steps for t in step.transfers for d in (t.src, t.dst)]
+    if not named:
+        raise ValueError("schedule names no device (in owners or transfers) and has no p or "
+                         "shape to count them by")
     return 1 + max(_checks.count(d, "a device of schedule", minimum=0) for d in named)
 
 
@@ -56,6 +59,19 @@ def check_schedule(schedule) -> int:
     """`schedule`'s device count, once its fields are plain data the sum can follow (module
     essay): counts, devices and chunks in range, known phases and kinds; else a ValueError or
     TypeError naming the field."""
+    try:
+        return _check_schedule(schedule)
+    except (AttributeError, KeyError, IndexError) as e:  # a field of the wrong shape
+        raise TypeError(f"schedule must be plain data with the fields of the package's "
+                        f"Schedule (module essay): {type(e).__name__}: {e}"[:300]) from None
+    except TypeError as e:
+        if str(e).startswith("schedule"):
+            raise
+        raise TypeError(f"schedule must be plain data with the fields of the package's "
+                        f"Schedule (module essay): {e}"[:300]) from None
+
+
+def _check_schedule(schedule) -> int:
     missing = [f for f in ("chunk_count", "owners", "steps") if not hasattr(schedule, f)]
     if missing:
         raise TypeError(f"schedule must have the fields chunk_count, owners and steps (the "
