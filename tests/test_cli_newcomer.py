@@ -146,7 +146,7 @@ def test_sibling_commands_take_the_same_options():
     moment can be quiet alike."""
     for command in ("demo", "bench", "gemma", "sweep"):
         assert {"--formats", "--algorithms", "--json"} <= _options(command), command
-    for command in ("demo", "bench", "gemma", "outliers", "sweep", "train", "check"):
+    for command in ("demo", "bench", "gemma", "kernels", "outliers", "sweep", "train", "check"):
         assert "--no-progress" in _options(command), command
 
 
