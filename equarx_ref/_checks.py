@@ -8,21 +8,30 @@ is a real, finite int or float (not a bool, not a string). A value dtype is a fl
 value. An array is anything `jnp.asarray` takes (with `floating=True`, of a floating dtype).
 `all_reduce`'s size gate `min_bytes` is None, "auto" or a byte count >= 0, checked here for
 every entry point that takes it (`all_reduce`, `AllReduce`, `wire_bytes`), in one wording.
+Names a message lists (the known formats) go in counting order (`natural_sorted`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DTYPE_ALIASES", "array", "count", "dtype_alias", "flag", "min_bytes", "number",
-           "value_dtype"]
+__all__ = ["DTYPE_ALIASES", "array", "count", "dtype_alias", "flag", "min_bytes",
+           "natural_sorted", "number", "value_dtype"]
 
 #: The short names the package prints for dtypes (tables, formats: "bf16"), read back.
 DTYPE_ALIASES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32",
                  "fp32": "float32"}
+
+
+def natural_sorted(names) -> list[str]:
+    """Names as a message lists them, in counting order: int2, int3, ..., int12 (text order
+    would give int10, int11, int12, int2)."""
+    return sorted(names, key=lambda s: [int(t) if t.isdigit() else t
+                                        for t in re.split(r"(\d+)", str(s))])
 
 
 def count(value, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:

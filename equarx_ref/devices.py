@@ -11,6 +11,11 @@ an accelerator machine), then looks at the default backend: if it has `n` or mor
 slice, several GPUs) those are used; otherwise (no accelerator, or today's single-chip free Colab
 TPU) the `n` simulated CPU devices are, named explicitly with `jax.devices("cpu")`.
 
+Simulated devices are bounded: at most `MAX_SIMULATED_DEVICES` (256, a TPU v5e or v6e pod, the
+largest ring along one torus axis and the most a hop-aware plan takes). Beyond it one CPU
+compiles a ring of thousands of hops for minutes or hours and shows nothing a smaller one does
+not; real chips are not bounded.
+
 A collective's devices are its mesh's, not the default backend's: `mesh_device_kind()` names
 them inside `shard_map` (simulated CPU devices on a single-chip TPU runtime are CPU devices),
 and `all_reduce`'s chip-derived size gate (`min_bytes="auto"`) reads it.
@@ -25,7 +30,10 @@ from jax.sharding import AxisType, Mesh
 
 from ._checks import count
 
-__all__ = ["describe_devices", "make_mesh", "setup_devices"]
+__all__ = ["MAX_SIMULATED_DEVICES", "describe_devices", "make_mesh", "setup_devices"]
+
+#: The most simulated CPU devices `setup_devices` sets up (module essay).
+MAX_SIMULATED_DEVICES = 256
 
 
 def setup_devices(n: int = 8) -> list[jax.Device]:
@@ -35,18 +43,25 @@ def setup_devices(n: int = 8) -> list[jax.Device]:
     before JAX initialises its backends.
 
     Raises:
-        ValueError: `n` is not a positive integer.
+        ValueError: `n` is not a positive integer, or more than `MAX_SIMULATED_DEVICES` when
+            fewer than `n` real chips are present (refused before any device is made).
         RuntimeError: JAX already started with fewer than `n` devices on every backend.
     """
     n = count(n, "setup_devices(n): n")
-    try:
-        if jax.config.jax_num_cpu_devices < n:
-            jax.config.update("jax_num_cpu_devices", n)
+    try:  # more than the bound: only real chips can serve, and a smaller call must still work
+        wanted = min(n, MAX_SIMULATED_DEVICES)
+        if jax.config.jax_num_cpu_devices < wanted:
+            jax.config.update("jax_num_cpu_devices", wanted)
     except RuntimeError:
         pass  # backends already up: fine if they have enough devices, checked below
     default = jax.devices()
     if default[0].platform != "cpu" and len(default) >= n:
         return list(default[:n])
+    if n > MAX_SIMULATED_DEVICES:
+        chips = "" if default[0].platform == "cpu" else \
+            f"; {len(default)} {default[0].platform.upper()} device(s) present, fewer than {n}"
+        raise ValueError(f"setup_devices(n): n must be at most MAX_SIMULATED_DEVICES = "
+                         f"{MAX_SIMULATED_DEVICES} simulated CPU devices, got {n}{chips}")
     cpu = jax.devices("cpu")
     if len(cpu) < n:
         accel = "" if default[0].platform == "cpu" else \

@@ -50,7 +50,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import count
+from ._checks import count, natural_sorted
 
 __all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "SCALE_RULES", "UNQUANTIZED", "Format", "format_label",
            "parse_format"]
@@ -147,7 +147,7 @@ class Format:
             hint = (" (Format's fields are name, block_size, scale_dtype: e.g. "
                     "Format('int8', 32, 'bfloat16'))" if not isinstance(self.name, str) else "")
             raise ValueError(f"unknown format name {self.name!r}; choose one of "
-                             f"{sorted([*_ELEMENTS, *_MX])}{hint}")
+                             f"{natural_sorted([*_ELEMENTS, *_MX])}{hint}")
         object.__setattr__(self, "block_size", count(self.block_size, "block_size",
                                                        maximum=MAX_BLOCK_SIZE))
         default = "e8m0" if self.name in _MX else "bfloat16"

@@ -133,7 +133,7 @@ def _check_float(x: Any, what: str) -> jax.Array:
                         f"{type(x).__name__}") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{what} needs a floating-point array x, got dtype {x.dtype}; "
-                        "cast integers to a float dtype first")
+                        "cast it to a float dtype first")
     return x
 
 
@@ -460,8 +460,10 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
     Returns:
         A `Quantized` pytree; `dequantize` restores an f32 array of `x`'s shape.
 
-    Edge cases (module essay): an all-zero block comes back exact zeros; a block with a NaN or
-    Inf comes back all NaN, other blocks untouched; a tiny block (largest magnitude below the
+    Edge cases (module essay): an empty `x` (shape (0,), (3, 0), ...) gives no blocks and
+    dequantizes to an empty array of its shape; an all-zero block comes back exact zeros; a
+    block with a NaN or Inf comes back all NaN, other blocks untouched; a tiny block (largest
+    magnitude below the
     format's threshold, decided on its exponent bits: int8 2^-119, about 1.5e-36) comes back
     as zeros, and a subnormal input as a zero of its sign; a finite block stays finite, even
     next to f32's maximum.
@@ -469,7 +471,12 @@ def quantize(x: jax.Array, fmt: Format, *, key: jax.Array | None = None) -> Quan
     if not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format, got {type(fmt).__name__}")
     x = _check_float(x, "quantize")
-    payload, stored = quantize_blocks(_blocks(x, fmt), fmt, key)
+    if x.size == 0:  # no values, no blocks: empty payload and scales of the format's kinds
+        kinds = jax.eval_shape(lambda b: quantize_blocks(b, fmt, None),
+                               jax.ShapeDtypeStruct((1, fmt.block_size), jnp.float32))
+        payload, stored = (jnp.zeros((0, *k.shape[1:]), k.dtype) for k in kinds)
+    else:
+        payload, stored = quantize_blocks(_blocks(x, fmt), fmt, key)
     return Quantized(payload, stored, tuple(x.shape), jnp.dtype(x.dtype).name, fmt)
 
 
@@ -479,7 +486,8 @@ def dequantize(q: Quantized) -> jax.Array:
     if not isinstance(q, Quantized):
         raise TypeError(f"dequantize takes q, the Quantized that quantize returns, got "
                         f"{type(q).__name__}")
+    lead, n = q.payload.shape[:-2], math.prod(q.shape)
+    if q.payload.size == 0:  # no blocks (an empty array): no values
+        return jnp.zeros((*lead, *q.shape), jnp.float32)
     values = apply_scale(decode_elements(q.payload, q.fmt, from_wire=False), q.scales, q.fmt)
-    lead = values.shape[:-2]
-    n = math.prod(q.shape)
     return values.reshape(*lead, -1)[..., :n].reshape(*lead, *q.shape)

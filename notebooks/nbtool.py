@@ -9,9 +9,11 @@
     python notebooks/nbtool.py check  notebooks/*.ipynb                 # what the tests check
 
 Opening. Every notebook starts the same way: a markdown cell with the title ("# NN · Title"), the
-Colab badge and the learning goals; a code cell that installs the package only on Colab; then
-`eq.setup_devices(8)` with the device report under `# NBVAL_IGNORE_OUTPUT`. `header` rewrites
-the badge and the install cell, `check` verifies them. The badge comes from pyproject's
+Colab badge (followed, while the repository is not public, `REPOSITORY_PUBLIC`, by a line
+saying so and what to do instead) and the learning goals; a code cell that installs the
+package only on Colab; then `eq.setup_devices(8)` with the device report under
+`# NBVAL_IGNORE_OUTPUT`. `header` rewrites the badge and the install cell, `check` verifies
+them. The badge comes from pyproject's
 `[project.urls] Repository`. The install cell is made here, and only here (the docs'
 install section is `install_markdown()`, from the same facts):
   - it installs exactly the extras the notebook uses (`EXTRA_MODULES`: the names that need an
@@ -37,6 +39,8 @@ Exercises. An exercise is four cells in a row, task before answer:
      (solution_1, ...), never the learner's, so running it does not overwrite an answer;
   4. a check cell (`# NBVAL_CHECK_OUTPUT`) that uses the names of both cells: it prints the
      verdict on the reference solution (nbval compares it in CI) and "not yet" for an open answer.
+     The stored verdict is a pass, a line "reference solution...: True" (or "right"): nbval
+     holds the run to the stored output, so a stored "False" would pass a broken exercise.
      It keeps the answer secret: it compares with a value the package computes, a property the
      answer must have, or a hash, and never prints, formats or comments the answer (no comment,
      a solution name only as a call's argument, no print inside its functions).
@@ -72,7 +76,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BADGE_SVG = "https://colab.research.google.com/assets/colab-badge.svg"
-BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+# Whether pyproject's repository URL is public: Colab's badge opens the notebook from there.
+# While it is not, the badge cannot work, and the line after it says so. Set it when that
+# changes, then run `nbtool.py header notebooks/*.ipynb`.
+REPOSITORY_PUBLIC = False
+NOT_PUBLIC = ("*The repository is not public yet, so this badge cannot open the notebook: on "
+              "Colab, upload the notebook (File > Upload notebook) and the package's wheel, as "
+              "the install cell below says.*")
+# The badge, and the line that may follow it (any text of that line, so that a new wording
+# replaces an old one).
+BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)"
+                      r"(?:\n\n\*The repository is not public yet[^\n]*\*)?")
 INSTALL_TITLE = '# @title Install {} (on Colab only) {{ display-mode: "form" }}'
 # How an install cell is recognized (the second: the form it had before it was a Colab form).
 INSTALL_MARKS = ("# @title Install equarx-ref", "# On Colab only: install")
@@ -109,6 +123,8 @@ SOLUTION_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["solution"]}
 INSTALL_METADATA = {"jupyter": {"source_hidden": True}, "tags": ["install"]}
 LEARNER_MARK = "# your code here"
 NOT_YET = "not yet"
+VERDICT = "reference solution"  # how the check's line about the reference solution starts
+PASSED = ("True", "right")  # what it ends with, after its last ": ", when the solution passes
 TWIN_FORMAT = "md:myst"
 PAIRING = {"formats": "ipynb," + TWIN_FORMAT}
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -157,7 +173,9 @@ def colab_url(nb_path: Path, url: str | None = None) -> str:
 
 
 def badge(nb_path: Path, url: str | None = None) -> str:
-    return f"[![Open In Colab]({BADGE_SVG})]({colab_url(nb_path, url)})"
+    """The Colab badge, with the line that says it cannot work yet (`REPOSITORY_PUBLIC`)."""
+    link = f"[![Open In Colab]({BADGE_SVG})]({colab_url(nb_path, url)})"
+    return link if REPOSITORY_PUBLIC else f"{link}\n\n{NOT_PUBLIC}"
 
 
 def _reached(sources: list[str]) -> set[str]:
@@ -595,6 +613,17 @@ def _output_text(cell) -> str:
     return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
+def verdict_lines(check) -> list[str]:
+    """The lines of a check cell's stored output that give the verdict on the reference
+    solution."""
+    return [line for line in _output_text(check).splitlines() if line.startswith(VERDICT)]
+
+
+def passed(line: str) -> bool:
+    """Whether a verdict line passes the reference solution: it ends in one of `PASSED`."""
+    return line.rsplit(": ", 1)[-1].strip() in PASSED
+
+
 def _secret_problems(src: str, solution_names: set[str]) -> list[str]:
     """How a check cell could give the answer away: a comment with a number in it, a
     solution's value used other than as a whole argument of a call (printed, formatted,
@@ -660,6 +689,11 @@ def exercise_problems(path: Path) -> list[str]:
         if NOT_YET not in _output_text(check):
             out.append(f"{where}: the stored check output does not say {NOT_YET!r} for the "
                        "open learner cell (run it with the learner cell as given)")
+        verdicts = verdict_lines(check)
+        if len(verdicts) != 1 or not passed(verdicts[0]):
+            out.append(f"{where}: the stored check does not pass the reference solution "
+                       f"({verdicts or 'no line ' + repr(VERDICT)}): fix the exercise and run "
+                       "the notebook")
     text = [(i, _src(c)) for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
     start = next((i for i, s in text if re.search(r"^## Exercises", s, re.M)), None)
     if start is not None and not any(i > start for i in solutions):

@@ -44,3 +44,15 @@ def _one_default_device() -> None:
 
 if os.environ.get("EQUARX_REF_TEST_ONE_DEFAULT_DEVICE") == "1":
     _one_default_device()
+
+
+def cli_error(err: str) -> str:
+    """The error line of a refused command line: one line, "equarx-ref CMD: error: ...",
+    followed by nothing but, for an option the parser refused, the command's usage ("usage:
+    equarx-ref CMD ..." and its indented continuation lines); never a traceback."""
+    lines = err.strip().splitlines()
+    assert lines and "Traceback" not in err, err
+    usage = lines[1:]
+    assert not usage or (usage[0].startswith("usage: equarx-ref")
+                         and all(line.startswith(" ") for line in usage[1:])), err
+    return lines[0]

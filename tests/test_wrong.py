@@ -198,5 +198,6 @@ def test_cli_bad_flags_one_clear_line(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv.split())
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "error:" in err[0] and "Traceback" not in err[0], err
+    from conftest import cli_error
+
+    assert "error:" in cli_error(capsys.readouterr().err)

@@ -15,8 +15,9 @@
 `tpu.py`, `gemma.py`, `train.py` and `check.py` the commands by subject. A command imports
 what it needs only when it runs, so `equarx-ref --help` stays light.
 Exits: 0 done; 1 a failure while running (out of memory) or writing an output (one line); 2 a
-bad argument (one line, before any work starts); 130 Ctrl-C; 141 the reader of the output went
-away.)
+bad argument (before any work starts: one line naming the command, "equarx-ref demo: error:
+...", then, for an option the parser refuses, that command's usage); 130 Ctrl-C; 141 the reader
+of the output went away.)
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from .options import OutputError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line ("equarx-ref demo: error: ..."), no usage dump."""
+    """argparse, but the error comes first, one line naming the command ("equarx-ref demo:
+    error: ..."), then the command's usage (argparse prints them the other way round)."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n{self.format_usage()}")
 
 
 #: Every command: (one-line help, the module of this folder with its `add_NAME(sub)`, which
@@ -91,7 +93,18 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
             getattr(command_module(name), f"add_{name}")(sub)
         else:
             sub.add_parser(name, help=help_)
+    parser.commands = sub.choices  # each command's own parser, to word its errors
     return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments; an unknown option is refused by the command it was given to, with that
+    command's name and usage (plain argparse names the top-level parser: "equarx-ref")."""
+    parser = _parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _quiet_stdout() -> None:
@@ -108,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["equarx-ref", *(a for a in argv[:1] if a in COMMANDS)])
     try:
-        args = _parser(argv).parse_args(argv)
+        args = _parse(argv)
         status = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows here, not in the exit's flush
         return status
@@ -133,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """Python's MemoryError, or XLA's RESOURCE_EXHAUSTED (an allocation it could not make)."""
+    """Python's MemoryError, XLA's RESOURCE_EXHAUSTED or C++'s std::bad_alloc (an allocation
+    that could not be made)."""
     text = str(e)
     return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in text or \
-        "Out of memory" in text
+        "Out of memory" in text or "bad_alloc" in text
 

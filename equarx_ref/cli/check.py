@@ -1,6 +1,7 @@
 """The `check` command: this chip's quantizer and all_reduce, bitwise against the spec. It
 parses, calls `runs.check.check`, prints one table and a verdict; exit status 1 on any
-difference, with the first differing block shown.
+difference, with the first differing block shown. Progress goes to stderr, a line per part as
+it starts (as `demo`'s compiling lines), unless --no-progress.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def add_check(sub) -> None:
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the result as JSON ('-' for stdout, then the table goes to "
                    "stderr)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_check)
 
 
@@ -52,7 +54,8 @@ def cmd_check(args) -> int:
 
     devs = devices.setup_devices(8)
     out = sys.stderr if args.json == "-" else sys.stdout
-    result = check.check(devs)
+    result = check.check(devs, progress=None if args.no_progress else
+                         lambda m: print(f"  checking {m}", file=sys.stderr, flush=True))
     rows, first = [], None
     for name, classes in result["formats"].items():
         bad = [c for c, d in classes.items() if d is not None]

@@ -25,47 +25,77 @@ TIMEOUT_S = 600  # --timeout's default: a run's record names --timeout only when
 
 
 def add_demo(sub) -> None:
+    from ..devices import MAX_SIMULATED_DEVICES
+    from ..formats import COMPARED_FORMATS, FORMAT_NAMES, UNQUANTIZED
+    from ..schedule import ALGORITHMS
+
     p = sub.add_parser("demo", help=COMMANDS["demo"][0],
                        description="Every AllReduce algorithm x wire format on the same bf16 "
                        "inputs: bits per element, bytes each device sends (from the compiled "
                        "HLO), byte ratio and CPU time against the unquantized bf16 ring, and "
-                       "error against the exact sum beside the theory's prediction.")
+                       "error against the exact sum beside the theory's prediction. A row the "
+                       "size gate sent unquantized says so.")
     p.add_argument("--devices", type=at_least(2), default=8,
-                   help="devices to reduce over, at least 2 (default 8)")
+                   help=f"devices to reduce over, at least 2 (default 8; simulated: at most "
+                   f"{MAX_SIMULATED_DEVICES})")
     p.add_argument("--size", type=at_least(1), default=1 << 18,
                    help="values per device (default 2^18)")
+    p.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS), default=None,
+                   help="default: all (the unquantized bf16 ring, every ratio's baseline, "
+                   "always runs)")
+    p.add_argument("--formats", nargs="+", type=argument(format_name), metavar="FMT",
+                   default=None,
+                   help=f"{UNQUANTIZED} (unquantized), {', '.join(FORMAT_NAMES)} or a variant "
+                   f"such as int4/b16 (default: {' '.join(COMPARED_FORMATS)})")
     p.add_argument("--repeats", type=at_least(1), default=5,
                    help="timed calls per configuration; the median is kept (default 5)")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")
     p.add_argument("--plot", metavar="PATH", type=figure_path, default=None,
                    help="save a figure (png, svg, pdf)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_demo)
+
+
+def demo_cells(r) -> list[str]:
+    """A demo row as the table prints it: a row the size gate sent unquantized names the
+    format it sent wherever a format would be claimed (format, bits/el, theory, note)."""
+    from ..formats import UNQUANTIZED
+
+    quantized = r.format != UNQUANTIZED and not r.gated
+    return [r.algorithm, f"{r.format} (as {UNQUANTIZED})" if r.gated else r.format,
+            f"{r.bits_per_element:g}", f"{r.bytes_sent:,}", f"{r.byte_ratio:.2f}x",
+            f"{r.rel_error:.2e}", f"{r.predicted_error:.2e}" if quantized else "-",
+            f"{r.max_error:.2e}", f"{r.time_ratio:.2f}", r.note]
 
 
 def cmd_demo(args) -> int:
     import dataclasses
 
-    from ..formats import UNQUANTIZED
     from ..runs.demo import demo
 
     out = sys.stderr if args.json == "-" else sys.stdout
-    report = demo(args.devices, args.size, repeats=args.repeats,
-                  progress=lambda m: print(f"  {m}", file=sys.stderr))
+    report = demo(args.devices, args.size, repeats=args.repeats, formats=args.formats,
+                  algorithms=args.algorithms,
+                  progress=None if args.no_progress else lambda m: print(f"  {m}",
+                                                                         file=sys.stderr))
     rows = report["rows"]
     print(f"{report['devices']}; {args.size} bf16 values per device", file=out)
-    cells = [[r.algorithm, r.format, f"{r.bits_per_element:g}", f"{r.bytes_sent:,}",
-              f"{r.byte_ratio:.2f}x", f"{r.rel_error:.2e}",
-              "-" if r.format == UNQUANTIZED else f"{r.predicted_error:.2e}",
-              f"{r.max_error:.2e}", f"{r.time_ratio:.2f}", r.note] for r in rows]
     print(table(["algorithm", "format", "bits/el", "bytes/device", "vs bf16 ring",
-                 "rel err", "theory", "max err", "CPU time", "note"], cells), file=out)
+                 "rel err", "theory", "max err", "CPU time", "note"],
+                [demo_cells(r) for r in rows]), file=out)
     print("bytes/device: read from the compiled HLO; equal to eq.wire_bytes except rows noted "
           "'CPU: f32' (XLA:CPU runs a bf16 psum in f32: twice the bytes a TPU sends). vs bf16 "
           "ring: bf16 ring bytes / these bytes, both as sent. rel err: ||y - exact|| / ||exact||, "
           "float64 exact sum. theory: eq.predicted_relative_error (bf16 rows: no quantization, "
           "bf16 rounding only). CPU time: median wall time relative to the unquantized bf16 "
           "ring, simulated devices on this CPU (no real links: not a TPU speedup).", file=out)
+    if any(r.gated for r in rows):
+        print("(as bf16), 'sent bf16: size gate': all_reduce's default size gate "
+              "(min_bytes=None) sent these rows unquantized, because quantized they would "
+              "send no fewer bytes (a message this short is padded to whole blocks); their "
+              "bits, bytes and error are bf16's. all_reduce(..., min_bytes=0) always "
+              "quantizes.", file=out)
     if args.json:
         write_json(args.json, {"devices": report["devices"], "size": args.size,
                                 "rows": [dataclasses.asdict(r) for r in rows]})

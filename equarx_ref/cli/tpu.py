@@ -105,6 +105,7 @@ def add_kernels(sub) -> None:
     p.add_argument("--jobs", type=at_least(1), default=1,
                    help="with --compile: compile on this many threads (one process: libtpu "
                    "allows one at a time)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_kernels)
 
 
@@ -138,6 +139,7 @@ def _compile_command(args) -> str:
 
 def cmd_kernels(args) -> int:
     out = sys.stderr if args.json == "-" else sys.stdout
+    progress = None if args.no_progress else lambda m: print(f"  {m}", file=sys.stderr)
     if args.compile is not None:  # before anything else starts jax's backends: libtpu's env
         from ..runs import tpu_matrix
 
@@ -149,7 +151,7 @@ def cmd_kernels(args) -> int:
         status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,
             read_back_too=args.read_back, bytes_mib=args.bytes, jobs=args.jobs, out=out,
-            progress=lambda m: print(f"  {m}", file=sys.stderr))
+            progress=progress)
         if args.json and report:
             write_json(args.json, {"command": _compile_command(args), **report})
         return status
@@ -159,7 +161,7 @@ def cmd_kernels(args) -> int:
     from ..runs import kernel_checks
 
     devs = devices.setup_devices(8)
-    report = kernel_checks.report(progress=lambda m: print(f"  {m}", file=sys.stderr))
+    report = kernel_checks.report(progress=progress)
     if not report["tpu"]:
         print(f"no TPU here ({devices.describe_devices(devs)}): the kernels ran in TPU "
               "interpret mode (correctness and races only, no speed)", file=out)

@@ -11,7 +11,9 @@ interpret mode elsewhere) encode and decode the same classes, a row each, for ev
 format they compile for, and so do the GPU codec's (`kernels.gpu`: natively on a GPU,
 interpreted elsewhere) for the 8-bit and 4-bit formats they code. Then a small `all_reduce` on
 the devices `setup_devices` gives, against the spec's sum of its schedule. A difference names
-the first differing block: its values, the expected and the received bytes.
+the first differing block: its values, the expected and the received bytes. A `progress`
+callback hears of each part as it starts (`equarx-ref check` prints them, as `demo` does):
+the whole check compiles a few dozen programs, which takes a minute on a laptop CPU.
 """
 
 from __future__ import annotations
@@ -143,13 +145,19 @@ def check_kernels(name: str, family: str = "mosaic") -> dict:
     return out
 
 
-def check_all_reduce(devices) -> dict:
+def _case_name(algorithm: str, name: str, p: int, impl: str) -> str:
+    return f"{algorithm} {name} p={p}" + (f" ({impl})" if impl != "xla" else "")
+
+
+def check_all_reduce(devices, progress=None) -> dict:
     """A small all_reduce per case on `devices` against the spec's sum: {case: None or what
-    differs first}."""
+    differs first}. `progress(message)`, if given, hears of each case as it starts."""
     p = len(devices)
     mesh = make_mesh(devices, ("tp",))
     out = {}
     for algorithm, name, n, impl in REDUCE_CASES:
+        if progress:
+            progress(f"all_reduce {_case_name(algorithm, name, p, impl)}")
         fmt = Format.parse(name)
         x = np.random.default_rng(n).standard_normal((p, n)).astype(np.float32)
         want = spec.all_reduce(x, make_schedule(algorithm, (p,)), fmt)
@@ -160,28 +168,40 @@ def check_all_reduce(devices) -> dict:
         bad = [(d, int(np.flatnonzero(r.view(np.uint32) != want.view(np.uint32))[0]))
                for d, r in enumerate(rows) if not np.array_equal(r.view(np.uint32),
                                                                  want.view(np.uint32))]
-        key = f"{algorithm} {name} p={p}" + (f" ({impl})" if impl != "xla" else "")
+        key = _case_name(algorithm, name, p, impl)
         out[key] = None if not bad else {"device": bad[0][0], "index": bad[0][1],
                                          "expected": _plain(want[bad[0][1]:][:1]),
                                          "got": _plain(rows[bad[0][0], bad[0][1]:][:1])}
     return out
 
 
-def check(devices, formats=CHECK_FORMATS) -> dict:
+def check(devices, formats=CHECK_FORMATS, progress=None) -> dict:
     """The whole check: {"device", "platform", "formats": {name: {class: None | diff}},
     "kernels": the same for the Mosaic codec, "gpu_kernels" for the GPU codec, "all_reduce":
-    {case: None | diff}, "equal"}."""
+    {case: None | diff}, "equal"}. `progress(message)`, if given, hears of each part (a
+    format's data classes, a codec's kernels for one format, an all_reduce case) as it
+    starts."""
     from ..kernels.codec import FORMATS as KERNEL_FORMATS
     from ..kernels.gpu import FORMATS as GPU_FORMATS
 
+    def told(message: str, run):
+        if progress:
+            progress(message)
+        return run()
+
+    n = len(data.CLASSES)
     dev = jax.devices()[0]
     result = {"device": dev.device_kind, "platform": dev.platform,
-              "formats": {name: check_format(name) for name in formats},
-              "kernels": {name: check_kernels(name) for name in formats
-                          if name in KERNEL_FORMATS},
-              "gpu_kernels": {name: check_kernels(name, "gpu") for name in formats
-                              if name in GPU_FORMATS},
-              "all_reduce": check_all_reduce(devices),
+              "formats": {name: told(f"{name}: {n} data classes, 3 paths to the wire",
+                                     lambda name=name: check_format(name))
+                          for name in formats},
+              "kernels": {name: told(f"{name}: the Mosaic codec's kernels",
+                                     lambda name=name: check_kernels(name))
+                          for name in formats if name in KERNEL_FORMATS},
+              "gpu_kernels": {name: told(f"{name}: the GPU codec's kernels",
+                                         lambda name=name: check_kernels(name, "gpu"))
+                              for name in formats if name in GPU_FORMATS},
+              "all_reduce": check_all_reduce(devices, progress),
               "reduce_devices": f"{len(devices)} {devices[0].platform} devices"}
     result["equal"] = all(v is None for part in ("formats", "kernels", "gpu_kernels")
                           for f in result[part].values() for v in f.values()) \

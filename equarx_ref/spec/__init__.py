@@ -20,7 +20,16 @@ The rules, for each block of B f32 values x (formats.py, scale.py, elements.py, 
 
 then the sum of every schedule (sums.py): messages decoded as dequantize(quantize(v)), added
 in f32 in the schedule's order; the owner keeps exactly what the others receive; and the data
-classes every codec is checked on (data.py, `equarx-ref check`).
+classes every codec is checked on (data.py, `equarx-ref check`). `all_reduce(x, schedule,
+fmt)` is the package's `eq.all_reduce` with every message in `fmt`, i.e. `min_bytes=0`: by
+default the package sends a message unquantized when quantizing it would send no fewer bytes
+(a short message padded to whole blocks), and that result is the spec's `fmt=None` sum.
+
+An oracle never answers a malformed question: every function checks its arguments before it
+computes (_checks.py), as strictly as `eq.quantize` does: an unknown format name, a block of
+the wrong width, integer, complex or object arrays, more device rows than the schedule has,
+each is refused with one line naming the argument (a ValueError or TypeError, never an
+`assert`, which `python -O` removes). Empty inputs give empty answers.
 
 Exactness. Inputs are f32 (24 significant bits), bf16 scales carry 8, f32 scales 24, grid
 values and their midpoints at most 13: every product of a grid value (or midpoint) and a
@@ -48,6 +57,7 @@ Edge cases: a NaN or infinity makes the block's scale non-finite (E8M0: the NaN 
 its payload 0 and its values NaN; dequantized values saturate to f32's finite range.
 """
 
+from . import data
 from .elements import nearest, pack, stochastic, unpack
 from .formats import E8M0_BIAS, ELEMENTS, F32_MAX, F32_TINY, grid, is_int, tiny_exponent
 from .quantize import SpecQuantized, quantize_blocks, round_trip, to_blocks
@@ -64,6 +74,7 @@ from .wire import (
 )
 
 __all__ = ["E8M0_BIAS", "ELEMENTS", "F32_MAX", "F32_TINY", "SpecQuantized", "all_reduce",
-           "block_scale", "fixed_bytes", "grid", "is_int", "nearest", "pack", "quantize_blocks",
-           "round_trip", "scale_bytes", "stochastic", "tiny_exponent", "to_blocks", "unpack",
-           "blocks_per_row", "canonical_bytes", "from_message", "message", "row_values"]
+           "block_scale", "blocks_per_row", "canonical_bytes", "data", "fixed_bytes",
+           "from_message", "grid", "is_int", "message", "nearest", "pack", "quantize_blocks",
+           "round_trip", "row_values", "scale_bytes", "stochastic", "tiny_exponent",
+           "to_blocks", "unpack"]

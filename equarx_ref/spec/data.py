@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .formats import F32_MAX, F32_TINY, grid, tiny_exponent
+from .formats import F32_MAX, F32_TINY, check_format, grid, tiny_exponent
 
 BLOCKS = 6  # blocks per class (the odd length: 2.5)
 
@@ -113,6 +113,10 @@ CLASSES = {
 
 def make(name: str, fmt) -> np.ndarray:
     """Class `name` for `fmt`: a 1-D f32 array, the same on every machine."""
+    check_format(fmt)
+    if not isinstance(name, str) or name not in CLASSES:
+        raise ValueError(f"name must be one of the data classes {', '.join(CLASSES)}, got "
+                         f"{name!r}"[:300])
     rng = np.random.default_rng(list(f"{name}|{fmt.name}|{fmt.block_size}".encode()))
     with np.errstate(over="ignore"):
         x = np.asarray(CLASSES[name](fmt, rng), np.float64)

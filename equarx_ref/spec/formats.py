@@ -15,6 +15,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from . import _checks
+
 F32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126, f32's smallest normal
 F32_MAX = float(np.finfo(np.float32).max)
 E8M0_BIAS = 127
@@ -35,13 +37,14 @@ SCALE_TYPES = {"bfloat16": (ml_dtypes.bfloat16, np.uint16), "float32": (np.float
 
 def grid(name: str) -> tuple[np.ndarray, int]:
     """(non-negative element values in code order, element bits): code i has value grid[i]."""
-    dtype, bits = ELEMENTS[name]
+    dtype, bits = ELEMENTS[_checks.name(name, "name", ELEMENTS)]
     if dtype is None:  # symmetric integers 0..2^(bits-1)-1, two's complement codes
         return np.arange(2 ** (bits - 1), dtype=np.float64), bits
     # ml_dtypes' sub-byte floats occupy the low bits of one byte each
     values = np.arange(2 ** (bits - 1), dtype=np.uint8).view(dtype).astype(np.float64)
     values = values[np.isfinite(values)]  # e4m3fn ends in NaN, e5m2 in inf and NaNs
-    assert np.all(np.diff(values) > 0)
+    if not np.all(np.diff(values) > 0):  # what every rule here reads a grid as
+        raise RuntimeError(f"ml_dtypes' {dtype.__name__} codes do not order like their values")
     return values, bits
 
 
@@ -59,11 +62,18 @@ def tiny_exponent(name: str) -> int:
 
 def is_int(name: str) -> bool:
     """Symmetric integer elements (two's complement codes), else a float grid."""
-    return ELEMENTS[name][0] is None
+    return ELEMENTS[_checks.name(name, "name", ELEMENTS)][0] is None
+
+
+def check_format(fmt, what: str = "fmt"):
+    """`fmt` if the spec can read it (the module essay's fields, with values the package's
+    `Format` accepts), else a ValueError or TypeError naming the field, in one line."""
+    return _checks.fmt(fmt, ELEMENTS, what)
 
 
 def scale_rule(fmt) -> str:
     """"floor" (OCP MX v1.0: E8M0 scales' default) or "ceil" (the smallest scale that covers
     amax: every other scale type's rule, and E8M0's on request)."""
+    check_format(fmt)
     rule = getattr(fmt, "scale_rule", None)
     return rule or ("floor" if getattr(fmt, "scale_dtype", None) == "e8m0" else "ceil")

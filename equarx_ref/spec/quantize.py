@@ -17,9 +17,10 @@ import dataclasses
 
 import numpy as np
 
+from . import _checks
 from .elements import codes as element_codes
 from .elements import nearest, pack, stochastic
-from .formats import F32_MAX, F32_TINY, grid, is_int, tiny_exponent
+from .formats import F32_MAX, F32_TINY, check_format, grid, is_int, tiny_exponent
 from .scale import block_scale
 
 
@@ -37,9 +38,11 @@ class SpecQuantized:
 def quantize_blocks(x: np.ndarray, fmt, uniforms: np.ndarray | None = None) -> SpecQuantized:
     """The spec's quantizer for f32 blocks `x` of shape `[blocks, fmt.block_size]`; with
     `uniforms` (f32 in [0, 1), x's shape: `jax.random.uniform(key, ...)`'s draws), stochastic
-    rounding."""
-    x = np.asarray(x, np.float32)
-    assert x.ndim == 2 and x.shape[1] == fmt.block_size
+    rounding. No blocks (shape [0, B]) give empty arrays of the same kinds."""
+    check_format(fmt)
+    x = _checks.blocks(x, fmt.block_size).astype(np.float32)
+    if uniforms is not None:
+        uniforms = _checks.uniforms(uniforms, x.shape)
     x = np.where(np.abs(x) < F32_TINY, np.copysign(np.float32(0), x), x)  # subnormal: +-0
     G, bits = grid(fmt.name)
     emax = float(G[-1])
@@ -66,11 +69,19 @@ def quantize_blocks(x: np.ndarray, fmt, uniforms: np.ndarray | None = None) -> S
 
 
 def to_blocks(x: np.ndarray, block_size: int) -> np.ndarray:
-    """Flatten to f32 and zero-pad to whole blocks: [blocks, B]."""
-    flat = np.asarray(x, np.float32).reshape(-1)
-    return np.pad(flat, (0, -flat.size % block_size)).reshape(-1, block_size)
+    """Flatten floats of any shape to f32 and zero-pad to whole blocks: [blocks, B] (an empty
+    array gives no blocks, [0, B]; a 0-d one, one block)."""
+    block_size = _checks.count(block_size, "block_size", maximum=_checks.MAX_BLOCK_SIZE)
+    flat = _checks.array(x, "x").astype(np.float32).reshape(-1)
+    padded = np.pad(flat, (0, -flat.size % block_size))
+    return padded.reshape(padded.size // block_size, block_size)
 
 
 def round_trip(x: np.ndarray, fmt) -> np.ndarray:
-    """dequantize(quantize(x)) of a 1-D f32 array whose length is a multiple of the block."""
+    """dequantize(quantize(x)) of a 1-D float array whose length is a multiple of the block."""
+    check_format(fmt)
+    x = _checks.array(x, "x", ndim=1)
+    if x.size % fmt.block_size:
+        raise ValueError(f"x must hold whole blocks of fmt.block_size = {fmt.block_size} "
+                         f"values (to_blocks pads), got {x.size}")
     return quantize_blocks(to_blocks(x, fmt.block_size), fmt).values.reshape(-1)

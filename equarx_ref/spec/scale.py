@@ -17,28 +17,61 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import E8M0_BIAS, F32_MAX, F32_TINY, SCALE_TYPES, scale_rule
+from . import _checks
+from .formats import E8M0_BIAS, F32_MAX, F32_TINY, SCALE_TYPES, check_format, scale_rule
 
 
 def pow2(k: np.ndarray) -> np.ndarray:
-    """2.0**k in float64, exactly."""
-    return np.ldexp(1.0, np.asarray(k).astype(np.int64))
+    """2.0**k in float64, exactly, for integers k."""
+    k = np.asarray(k)
+    if k.dtype == bool or not (np.issubdtype(k.dtype, np.integer) or (
+            np.issubdtype(k.dtype, np.floating) and np.all(np.mod(k, 1) == 0))):
+        raise TypeError(f"k must hold integers (exponents), got {k.dtype} {k.ravel()[:3]}")
+    return np.ldexp(1.0, k.astype(np.int64))
+
+
+def _emax(emax) -> float:
+    """The grid's largest value: a finite number > 0."""
+    if isinstance(emax, (bool, np.bool_)) or not isinstance(emax, (int, float, np.integer,
+                                                                    np.floating)):
+        raise TypeError(f"emax must be a number (the grid's largest value), got {emax!r}")
+    if not np.isfinite(emax) or emax <= 0:
+        raise ValueError(f"emax must be a finite number > 0 (the grid's largest value), got "
+                         f"{emax!r}")
+    return float(emax)
+
+
+def _amax(amax, *, positive: bool) -> np.ndarray:
+    """Block maxima: a float array of values >= 0 (> 0 with positive=True), finite."""
+    a = _checks.array(amax, "amax").astype(np.float64)
+    bad = ~np.isfinite(a) | (a <= 0 if positive else a < 0)
+    if bad.any():
+        rule = "> 0" if positive else ">= 0"
+        raise ValueError(f"amax must be finite and {rule} here, got {a[bad][0]!r}")
+    return a
 
 
 def e8m0_exponent(amax: np.ndarray, emax: float) -> np.ndarray:
-    """k = ceil(log2(amax / emax)) for amax > 0, exactly: 2^(k-1) emax < amax <= 2^k emax."""
+    """k = ceil(log2(amax / emax)) for amax > 0, exactly: 2^(k-1) emax < amax <= 2^k emax
+    (amax = 0 gives the k the guess starts from)."""
+    amax, emax = _amax(amax, positive=False), _emax(emax)
     _, e = np.frexp(np.where(amax > 0, amax / emax, 1.0))  # a guess within one of k
     k = e.astype(np.int64)
     for _ in range(3):
         k = np.where(pow2(k) * emax < amax, k + 1, k)
         k = np.where(pow2(k - 1) * emax >= amax, k - 1, k)
-    assert np.all((pow2(k) * emax >= amax) & ((pow2(k - 1) * emax < amax) | (amax == 0)))
+    if not np.all((pow2(k) * emax >= amax) & ((pow2(k - 1) * emax < amax) | (amax == 0))):
+        raise RuntimeError("e8m0_exponent: the exponent search did not settle")  # a spec bug
     return k
 
 
 def smallest_covering(amax: np.ndarray, emax: float, scale_type: str) -> np.ndarray:
     """The smallest scale_type value s >= f32's smallest normal with s * emax >= amax (amax > 0,
     finite). A block needing less is tiny (the caller's rule), so the search stops there."""
+    amax, emax = _amax(amax, positive=True), _emax(emax)
+    if scale_type not in SCALE_TYPES:
+        raise ValueError(f"scale_type must be one of {', '.join(SCALE_TYPES)} (E8M0 scales are "
+                         f"powers of two: e8m0_exponent), got {scale_type!r}"[:300])
     dtype, bits = SCALE_TYPES[scale_type]
     floor = int(np.asarray(F32_TINY, dtype).view(bits))
     guess = np.maximum(amax / emax, F32_TINY).astype(dtype).view(bits).astype(np.int64)
@@ -53,7 +86,8 @@ def smallest_covering(amax: np.ndarray, emax: float, scale_type: str) -> np.ndar
     for _ in range(4):  # positive floats order like their bit patterns: step by one pattern
         b = np.where(~covers(b), b + 1, b)
         b = np.where(covers(b - 1) & (b > floor), b - 1, b)
-    assert np.all(covers(b) & (~covers(b - 1) | (b == floor))), "scale search did not settle"
+    if not np.all(covers(b) & (~covers(b - 1) | (b == floor))):
+        raise RuntimeError("smallest_covering: the scale search did not settle")  # a spec bug
     return value(b)
 
 
@@ -63,6 +97,15 @@ def block_scale(amax: np.ndarray, fmt, emax: float,
     is tiny (`formats.tiny_exponent`): (the stored scale, a bf16/f32 value or an E8M0 byte;
     the scale's value s as float64). A tiny block (the all-zero one among them) stores 0, or
     E8M0's smallest exponent, 2^-127."""
+    check_format(fmt)
+    amax, emax = _checks.array(amax, "amax", ndim=1).astype(np.float64), _emax(emax)
+    if np.any(amax < 0):
+        raise ValueError(f"amax must be >= 0 (a block's largest magnitude), got "
+                         f"{amax[amax < 0][0]!r}")
+    tiny = np.asarray(tiny)
+    if tiny.dtype != bool or tiny.shape != amax.shape:
+        raise TypeError(f"tiny must be a bool array of amax's shape {amax.shape}, got "
+                        f"{tiny.dtype} {tiny.shape}")
     finite = np.isfinite(amax)
     amax_f = np.where(finite & ~tiny, amax, 0.0)
     if fmt.scale_dtype == "e8m0":

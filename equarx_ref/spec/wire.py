@@ -52,13 +52,30 @@ def row_values(fmt) -> int:
 def payload_bytes(fmt) -> int:
     """PB: payload bytes of one block."""
     return fmt.block_size * ELEMENTS[fmt.name][1] // 8
+#: The scales a block can store, as `quantize_blocks` stores them: their dtype names.
+SCALE_STORAGE = ("bfloat16", "float32", "uint8")
 
 
 def scale_bytes(stored: np.ndarray) -> np.ndarray:
     """Stored scales as the bytes that travel: [blocks, scale_bytes] (little-endian)."""
-    if not (np.little_endian or stored.dtype.itemsize == 1):
-        raise RuntimeError("the wire is little-endian; this machine is not")
-    return np.ascontiguousarray(stored).view(np.uint8).reshape(len(stored), -1)
+    stored = np.asarray(stored)
+    if stored.ndim != 1 or stored.dtype.name not in SCALE_STORAGE:
+        raise TypeError(f"stored must be one scale per block, [blocks] of bfloat16, float32 "
+                        f"or uint8 (E8M0 codes), got {stored.dtype} {stored.shape}")
+    stored = stored.astype(stored.dtype.newbyteorder("<"))  # the wire is little-endian
+    return np.ascontiguousarray(stored).view(np.uint8).reshape(len(stored),
+                                                               stored.dtype.itemsize)
+
+
+def _quantized(q) -> SpecQuantized:
+    if not isinstance(q, SpecQuantized):
+        raise TypeError(f"q must be the SpecQuantized that quantize_blocks returns, got "
+                        f"{type(q).__name__}")
+    if q.payload.ndim != 2 or len(q.payload) != len(q.scales) or len(q.finite) != len(q.scales):
+        raise ValueError(f"q must hold one scale and one finite flag per payload row, got "
+                         f"payload {q.payload.shape}, scales {np.shape(q.scales)}, finite "
+                         f"{np.shape(q.finite)}")
+    return q
 
 
 def scale_bits(stored: np.ndarray, fmt) -> np.ndarray:
@@ -69,6 +86,7 @@ def scale_bits(stored: np.ndarray, fmt) -> np.ndarray:
 
 def message(q: SpecQuantized, fmt) -> tuple[np.ndarray, np.ndarray]:
     """The message of quantized blocks: (payload uint8 [G PB, R], scales [G, R])."""
+    q = _quantized(q)
     blocks = len(q.payload)
     g, pb = blocks_per_row(fmt.block_size), payload_bytes(fmt)
     if blocks % g:
@@ -98,12 +116,14 @@ def from_message(payload: np.ndarray, scales: np.ndarray, fmt) -> tuple[np.ndarr
 def canonical_bytes(q: SpecQuantized) -> np.ndarray:
     """The canonical bytes of quantized blocks, block after block (payload, then scale):
     uint8 [blocks * bytes_per_block]."""
+    q = _quantized(q)
     return np.concatenate([q.payload, scale_bytes(q.scales)], axis=1).ravel()
 
 
 def fixed_bytes(q: SpecQuantized) -> np.ndarray:
     """bool, like `canonical_bytes`: the bytes fixed to the bit (all but a non-finite
     scale's)."""
+    q = _quantized(q)
     width = scale_bytes(q.scales).shape[1]
     return np.concatenate([np.ones(q.payload.shape, bool),
                            np.repeat(q.finite[:, None], width, axis=1)], axis=1).ravel()
