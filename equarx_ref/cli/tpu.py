@@ -99,6 +99,10 @@ def add_kernels(sub) -> None:
                    help="with --compile: also XLA:TPU's bytes accessed by the codec (encode, "
                    "decode, hop on MIB MiB of bf16, default 16) over the fewest bytes each must "
                    "move, and by the p=8 AllReduces (MIB per chip) over lax.psum's")
+    p.add_argument("--schedule", action="store_true",
+                   help="with --compile: also read libtpu's own bundle schedule back (static "
+                   "cycles of the codec's kernels and of the AllReduces at 16 MiB of bf16, "
+                   "priced against HBM time; yardsticks first)")
     p.add_argument("--only", choices=(*FAMILIES, "none"), nargs="+", default=None,
                    help="with --compile: only these families ('none' with --read-back: the "
                    "read-back alone)")
@@ -133,6 +137,7 @@ def _compile_command(args) -> str:
                      *(["--only", *args.only] if args.only else []),
                      *(["--read-back"] if args.read_back else []),
                      *([f"--bytes {args.bytes:g}"] if args.bytes is not None else []),
+                     *(["--schedule"] if args.schedule else []),
                      *([f"--jobs {args.jobs}"] if args.jobs != 1 else []),
                      *(["--json", args.json] if args.json else [])])
 
@@ -144,19 +149,22 @@ def cmd_kernels(args) -> int:
         from ..runs import tpu_matrix
 
         if args.only and set(args.only) == {"none"} and not args.read_back \
-                and args.bytes is None:
-            raise ValueError("nothing to run: --only none compiles no family; add --read-back "
-                             "or --bytes for those alone")
+                and args.bytes is None and not args.schedule:
+            raise ValueError("nothing to run: --only none compiles no family; add --read-back, "
+                             "--bytes or --schedule for those alone")
 
         status, report = tpu_matrix.run(
             args.compile, families=tuple(args.only) if args.only else None,
-            read_back_too=args.read_back, bytes_mib=args.bytes, jobs=args.jobs, out=out,
+            read_back_too=args.read_back, bytes_mib=args.bytes, schedule=args.schedule,
+            jobs=args.jobs, out=out,
             progress=progress)
         if args.json and report:
             write_json(args.json, {"command": _compile_command(args), **report})
         return status
-    if args.only or args.read_back or args.bytes is not None or args.jobs != 1:
-        raise ValueError("--only, --read-back, --bytes and --jobs go with --compile TOPOLOGY")
+    if args.only or args.read_back or args.bytes is not None or args.schedule or \
+            args.jobs != 1:
+        raise ValueError("--only, --read-back, --bytes, --schedule and --jobs go with "
+                         "--compile TOPOLOGY")
     from .. import devices
     from ..runs import kernel_checks
 

@@ -1,7 +1,7 @@
 """The Mosaic codec: encode, decode, a ring hop and two-shot's reduce as Pallas TPU kernels.
 
 Each kernel streams a message through HBM in tiles of T rows (a row is 128 values, a lane of
-the message; T = 512 where the message allows, else all of it) and codes each tile in
+the message; T = 1024 where the message allows, else a divisor of it) and codes each tile in
 registers with the tile code (`tiles.py`: one transpose a 128-row tile, blocks down
 sublanes):
 
@@ -51,8 +51,10 @@ from . import backend, tiles
 __all__ = ["ROWS", "VMEM_LIMIT", "checked_format", "decode", "encode", "hop", "reduce",
            "tile_rows", "takes"]
 
-#: Rows (lanes of the message) a grid step codes, where the message has that many.
-ROWS = 512
+#: Rows (lanes of the message) a grid step codes, where the message has that many: 8 tiles of
+#: 128, enough independent work for the scheduler to fill the bundles (libtpu's schedule of
+#: the hops, `runs/tpu_schedule.py`, packed fewer operations a bundle at 2 and 4 tiles).
+ROWS = 1024
 #: Scoped VMEM a kernel may use: 64 MiB, half of v5e's and v6e's 128 MiB.
 VMEM_LIMIT = 64 << 20
 _SCALE_BITS = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}
@@ -69,10 +71,11 @@ def checked_format(fmt) -> Format:
 
 
 def tile_rows(rows: int) -> int | None:
-    """T, the rows a grid step codes in a message of `rows` rows: 512 (or 256, 128) where it
-    divides them, else all of them when they are whole f32 sublane groups of at most 512; None
-    when neither (the XLA codec then carries the message: the same bytes)."""
-    for t in (ROWS, ROWS // 2, ROWS // 4):
+    """T, the rows a grid step codes in a message of `rows` rows: `ROWS` (or a half, a
+    quarter, an eighth of it) where it divides them, else all of them when they are whole
+    16-row groups (a bf16 register's) of at most `ROWS`; None when neither (the XLA codec then
+    carries the message: the same bytes)."""
+    for t in (ROWS, ROWS // 2, ROWS // 4, ROWS // 8):
         if rows % t == 0:
             return t
     return rows if rows <= ROWS and rows % 16 == 0 else None
@@ -255,12 +258,13 @@ def _decode_body(fmt, dtype, p_ref, s_ref, o_ref):
 
 
 def _hop_body(fmt, x_ref, p_ref, s_ref, po_ref, so_ref):
-    m = tiles.hop(Message(p_ref[...], s_ref[...]), x_ref[...], fmt)
+    m = tiles.hop(Message(p_ref[...], s_ref[...]), x_ref[...], fmt, flushes=True)
     po_ref[...], so_ref[...] = m.payload, m.scales
 
 
 def _reduce_body(fmt, p_ref, s_ref, po_ref, so_ref):
-    m = tiles.reduce([Message(p_ref[r], s_ref[r]) for r in range(p_ref.shape[0])], fmt)
+    m = tiles.reduce([Message(p_ref[r], s_ref[r]) for r in range(p_ref.shape[0])], fmt,
+                     flushes=True)
     po_ref[...], so_ref[...] = m.payload, m.scales
 
 

@@ -136,7 +136,7 @@ class _Pieces:
     def hop(self, parts, v) -> list:
         if self.fmt is None:
             return self.encode(self.decode(parts) + v.astype(self.acc))
-        return list(tiles.hop(Message(*parts), v, self.fmt))
+        return list(tiles.hop(Message(*parts), v, self.fmt, flushes=True))
 
 
 def _kernel(plan: RingPlan, codec: _Pieces, axis: str, sabotage: str | None, me_ref, *refs):

@@ -26,6 +26,10 @@ conformance suite holds them to it (tests/test_conformance.py).
 
 These functions take and return arrays, so the same code runs inside a Pallas kernel
 (`codec.py`, `ring.py`) and, off a TPU, as XLA operations on whole messages (`MosaicCodec`).
+Inside a kernel (`flushes=True`) the rule that a subnormal sum reads as a zero of its sign
+is the TPU core's own flushing, and the interpreter's (XLA:CPU flushes too); as XLA ops on
+another backend the rule is applied explicitly. The encode needs neither: it only compares
+values with normal midpoints, where a subnormal and its zero fall on the same side.
 They take tiles of R rows, R a multiple of 8 (the f32 register's sublanes), for the formats
 `supports` names: 8-bit and 4-bit elements, blocks that divide 128, any scale type; round to
 nearest.
@@ -159,10 +163,12 @@ def _float_codes(x: jax.Array, r: dict, fmt: Format) -> jax.Array:
     of the grid: |v| is clamped to elem_max, and with a bf16 scale the grid's top midpoint
     lies past one scale step (quantize.py)."""
     m, bits = fmt.mant_bits, fmt.elem_bits
-    a = jnp.abs(x)
+    a = r["abs"] if "abs" in r else jnp.abs(x)
     t = jnp.minimum(a * r["inv"], fmt.elem_max)
-    top = lax.bitcast_convert_type(t, jnp.int32) & 0x7F800000  # 2^e, as bits
-    ubits = jnp.maximum(top, (127 + fmt.min_exponent) << 23) - (m << 23)  # the grid's unit
+    top = lax.bitcast_convert_type(lax.bitcast_convert_type(t, jnp.int32) & 0x7F800000,
+                                   jnp.float32)  # 2^e
+    unit = lax.bitcast_convert_type(jnp.maximum(top, 2.0 ** fmt.min_exponent), jnp.int32)
+    ubits = unit - (m << 23)  # the grid's unit, as bits
     w = t * lax.bitcast_convert_type(0x7F000000 - ubits, jnp.float32)  # t / unit, exact
     if "S" not in r:
         n = jnp.round(w).astype(jnp.int32)
@@ -188,9 +194,10 @@ def _encode_t(tiles, fmt: Format) -> Message:
     message of all of them, laid side by side. Their blocks' scales are worked out together,
     on rows that fill registers (`block_plan` runs once per block, on whole registers)."""
     slots = [_slots(xt, fmt) for xt in tiles]
-    amax = jnp.concatenate([jnp.max(lax.bitcast_convert_type(s, jnp.int32) & 0x7FFFFFFF,
-                                    axis=0, keepdims=True)
-                            for ss in slots for s in ss])  # [tiles * G, r] bits
+    mags = [[lax.bitcast_convert_type(s, jnp.int32) & 0x7FFFFFFF for s in ss] for ss in slots]
+    # max |x| as the largest magnitude's bits, an integer max: a NaN's lie above +inf's
+    amax = jnp.concatenate([jnp.max(a, axis=0, keepdims=True)
+                            for aa in mags for a in aa])  # [tiles * G, r] bits
     plan = block_plan(lax.bitcast_convert_type(amax, jnp.float32), fmt)  # every block at once
     if _fast(fmt):
         rows = _rows(plan, fmt)
@@ -205,7 +212,9 @@ def _encode_t(tiles, fmt: Format) -> Message:
             row = jax.tree.map(lambda a, i=t * g + j, s=s: jnp.broadcast_to(
                 a[i:i + 1], (8, s.shape[1])), rows)
             if _fast(fmt):
-                c = [codes(s[i:i + 8], row, fmt) for i in range(0, len(s), 8)]
+                a = lax.bitcast_convert_type(mags[t][j], jnp.float32)
+                c = [codes(s[i:i + 8], {**row, "abs": a[i:i + 8]}, fmt)
+                     for i in range(0, len(s), 8)]
                 keep = jnp.broadcast_to(rows["keep"][t * g + j:t * g + j + 1],
                                         (fmt.payload_bytes_per_block, s.shape[1]))
                 out.append(_pack(jnp.concatenate(c), fmt) &
@@ -252,9 +261,12 @@ def _decode_t(message: Message, fmt: Format) -> jax.Array:
     return jnp.concatenate(out)
 
 
-def _settled_t(local: jax.Array) -> jax.Array:
-    """Local values `[R, 128]` transposed, in f32, subnormals read as zeros of their sign."""
-    return zero_subnormals(local.astype(jnp.float32).T)
+def _settled_t(local: jax.Array, flushes: bool) -> jax.Array:
+    """Local values `[R, 128]` transposed, in f32, subnormals read as zeros of their sign:
+    explicitly, unless the core `flushes` them itself (a TPU core flushes subnormal operands
+    and results, so there the rule costs nothing)."""
+    local = local.astype(jnp.float32).T
+    return local if flushes else zero_subnormals(local)
 
 
 def _tiles(rows: int) -> list[slice]:
@@ -279,19 +291,22 @@ def decode(message: Message, fmt: Format, dtype=jnp.float32) -> jax.Array:
                             for t in _tiles(message.payload.shape[1])])  # rows of values
 
 
-def hop(message: Message, local: jax.Array, fmt: Format) -> Message:
+def hop(message: Message, local: jax.Array, fmt: Format, *, flushes: bool = False) -> Message:
     """One ring hop: the next message, `encode(decode(message) + local)`, the sum in f32 with a
     subnormal local value read as a zero of its sign (as the collectives add it, execute.py
-    `settle`; a decoded value is never subnormal). Added transposed: the local values take
-    the one transpose, the message none."""
-    return _encode_t([_decode_t(_message_tile(message, t), fmt) + _settled_t(local[t])
+    `settle`; a decoded value is never subnormal): explicitly, unless the core `flushes`
+    subnormals itself (a TPU core: the kernels say so). Added transposed: the local values
+    take the one transpose, the message none."""
+    return _encode_t([_decode_t(_message_tile(message, t), fmt) + _settled_t(local[t], flushes)
                       for t in _tiles(local.shape[0])], fmt)
 
 
-def reduce(messages, fmt: Format) -> Message:
+def reduce(messages, fmt: Format, *, flushes: bool = False) -> Message:
     """Two-shot's reduce step: p messages -> the message of their sum, decoded and added in
-    rank order in f32, each partial sum's subnormals read as zeros of their sign. No
-    transpose at all: the sum stays in the messages' layout."""
+    rank order in f32, each partial sum's subnormals read as zeros of their sign (explicitly,
+    unless the core `flushes` them). No transpose at all: the sum stays in the messages'
+    layout."""
+    settle = (lambda v: v) if flushes else zero_subnormals
     return _encode_t([rank_order_sum([_decode_t(_message_tile(m, t), fmt) for m in messages],
-                                     zero_subnormals)
+                                     settle)
                       for t in _tiles(messages[0].payload.shape[1])], fmt)

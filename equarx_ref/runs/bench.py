@@ -10,11 +10,12 @@ cheapest pass over memory there is, `x + 1` (one read, one write; XLA removes `x
     x + 1     x: bf16[n]                     bf16[n]      2n + 2n
     x + 1     x: f32[n/2] (the same bytes)   f32[n/2]     2n + 2n
     a + b     a, b: bf16[n]                  bf16[n]      2n + 2n + 2n
-    encode    x: bf16[n]                     u8[nbytes]   2n + nbytes
-    decode    wire: u8[nbytes]               bf16[n]      nbytes + 2n
-    hop       wire: u8[nbytes], x: bf16[n]   u8[nbytes]   nbytes + 2n + nbytes
+    encode    x: bf16[n]                     message      2n + nbytes
+    decode    message                        bf16[n]      nbytes + 2n
+    hop       message, x: bf16[n]            message      nbytes + 2n + nbytes
 
-with nbytes = `fmt.nbytes(n)`, the wire's bytes (payload and scales). "Fewest bytes" is what a
+with nbytes = `fmt.nbytes(n)`, the message's bytes (its payload and its scales, two arrays:
+wire.py). "Fewest bytes" is what a
 program must move at the least: each input read once and each output written once, at its
 logical size (packed, untiled); what stays on chip (the hop's f32 sum) is free. Each program's
 throughput is its fewest bytes over its time, GB/s, and the fraction of the copy bandwidth
@@ -49,7 +50,7 @@ import jax.numpy as jnp
 from .._checks import count
 from ..formats import Format
 from ..quantize import dequantize, quantize
-from ..wire import Codec
+from ..wire import Codec, Message, message_shapes
 from .timing import medians, time_calls
 
 __all__ = ["BENCH_FORMATS", "PATHS", "PROGRAMS", "QDQ_FORMATS", "Program", "add_program",
@@ -95,48 +96,44 @@ def add_program(n: int) -> Program:
     return Program("a + b", "bfloat16", lambda a, b: a + b, (values, values), 6 * n)
 
 
+def _message_args(fmt: Format, n: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The (dtype, shape) of a message's two arrays, n values of `fmt`."""
+    (pb, rows), (g, _) = message_shapes(n, fmt)
+    bits = {"bfloat16": "uint16", "float32": "uint32", "e8m0": "uint8"}[fmt.scale_dtype]
+    return ("uint8", (pb, rows)), (bits, (g, rows))
+
+
+def _programs(fmt: Format, n: int, encode, decode, hop, values) -> dict[str, Program]:
+    """encode, decode and hop of `fmt` over n bf16 values, held as `values` (a shape: flat,
+    or rows of 128), the message's arrays as separate arguments."""
+    name, nbytes = str(fmt), fmt.nbytes(n)
+    message, x = _message_args(fmt, n), ("bfloat16", values)
+    return {
+        "encode": Program("encode", name, lambda v: tuple(encode(v)), (x,), 2 * n + nbytes),
+        "decode": Program("decode", name, lambda a, s: decode(Message(a, s)), message,
+                          nbytes + 2 * n),
+        "hop": Program("hop", name, lambda a, s, v: tuple(hop(Message(a, s), v)),
+                       (*message, x), 2 * nbytes + 2 * n),
+    }
+
+
 def codec_programs(fmt: Format, n: int) -> dict[str, Program]:
-    """encode, decode and one ring hop of `fmt` over n bf16 values (n a multiple of the block),
-    through `wire.Codec` as the collectives call it."""
-    codec, name, nbytes = Codec(fmt, jnp.bfloat16), str(fmt), fmt.nbytes(n)
-    wire, values = ("uint8", (nbytes,)), ("bfloat16", (n,))
-    return {
-        "encode": Program("encode", name, codec.encode, (values,), 2 * n + nbytes),
-        "decode": Program("decode", name, lambda w: codec.decode(w, n, jnp.bfloat16),
-                          (wire,), nbytes + 2 * n),
-        # decode what arrived, add this device's chunk in f32, encode onwards (execute.py)
-        "hop": Program("hop", name, lambda w, x: codec.encode(codec.decode(w, n) + x.astype(
-            codec.acc)), (wire, values), 2 * nbytes + 2 * n),
-    }
-
-
-def _kernel_programs(kernels, fmt: Format, n: int, rows: int | None,
-                     interpret) -> dict[str, Program]:
-    """encode, decode and hop of `fmt` over n bf16 values as a Pallas codec's kernels
-    (`kernels`: the module, whose three functions take the same arguments), on a message of
-    `rows` rows of n / rows values (None: flat), the same bytes as the flat one, with the
-    same fewest bytes as `codec_programs`."""
-    name, m = str(fmt), n if rows is None else n // rows
-    lead = () if rows is None else (rows,)
-    nbytes = (rows or 1) * fmt.nbytes(m)
-    wire, values = ("uint8", (*lead, fmt.nbytes(m))), ("bfloat16", (*lead, m))
-    return {
-        "encode": Program("encode", name, lambda x: kernels.encode(x, fmt, interpret=interpret),
-                          (values,), 2 * n + nbytes),
-        "decode": Program("decode", name, lambda w: kernels.decode(
-            w, fmt, m, jnp.bfloat16, interpret=interpret), (wire,), nbytes + 2 * n),
-        "hop": Program("hop", name, lambda w, x: kernels.hop(w, x, fmt, interpret=interpret),
-                       (wire, values), 2 * nbytes + 2 * n),
-    }
+    """encode, decode and one ring hop of `fmt` over n bf16 values (n whole rows of `fmt`),
+    through `wire.Codec` as the collectives call it (flat values)."""
+    codec = Codec(fmt, jnp.bfloat16)
+    return _programs(fmt, n, codec.encode, lambda m: codec.decode(m, n, jnp.bfloat16),
+                     lambda m, v: codec.encode(codec.decode(m, n) + v.astype(codec.acc)), (n,))
 
 
 def kernel_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
     """encode, decode and hop of `fmt` over n bf16 values as the Mosaic codec's Pallas kernels
-    (`kernels.codec`; `interpret` as theirs, False: compiled natively): a message of
-    `TILE_ROWS` rows of n / TILE_ROWS values."""
+    (`kernels.codec`; `interpret` as theirs, False: compiled natively), the values as rows of
+    128 (a bitcast of the flat array on a TPU)."""
     from ..kernels import codec  # Pallas loads only here
 
-    return _kernel_programs(codec, fmt, n, codec.TILE_ROWS, interpret)
+    return _programs(fmt, n, lambda v: codec.encode(v, fmt, interpret=interpret),
+                     lambda m: codec.decode(m, fmt, jnp.bfloat16, interpret=interpret),
+                     lambda m, v: codec.hop(m, v, fmt, interpret=interpret), (n // 128, 128))
 
 
 def gpu_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
@@ -145,7 +142,11 @@ def gpu_programs(fmt: Format, n: int, *, interpret=False) -> dict[str, Program]:
     for a format it does not code (`gpu.supports`)."""
     from ..kernels import gpu  # Pallas loads only here
 
-    return {} if gpu.supports(fmt) else _kernel_programs(gpu, fmt, n, None, interpret)
+    if gpu.supports(fmt):  # the reason it does not code fmt
+        return {}
+    return _programs(fmt, n, lambda v: gpu.encode(v, fmt, interpret=interpret),
+                     lambda m: gpu.decode(m, fmt, n, jnp.bfloat16, interpret=interpret),
+                     lambda m, v: gpu.hop(m, v, fmt, interpret=interpret), (n,))
 
 
 def _values(mib: int) -> int:
@@ -207,8 +208,8 @@ def codec_throughput(mib: int = 64, *, formats=BENCH_FORMATS, repeats: int = 5,
             wire = jax.block_until_ready(jax.jit(by_name["encode"].fn)(values))  # real messages
             for prog in by_name.values():
                 progs.append((path, prog))
-                args = (wire,) if prog.name == "decode" else (values,) \
-                    if prog.name == "encode" else (wire, values)
+                args = tuple(wire) if prog.name == "decode" else (values,) \
+                    if prog.name == "encode" else (*wire, values)
                 calls[f"{path} {prog.name} {prog.fmt}"] = (jax.jit(prog.fn), args)
     t = medians(time_calls({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in calls.items()},
                            repeats))

@@ -6,8 +6,8 @@ detector saw (interpret mode; on a TPU the kernel runs natively and races are no
 reported as None). `check(..., sabotage="capacity")` runs the deliberately broken kernel: its
 race count must not be 0.
 
-`measure_hop(...)`, on a TPU only, times the fused hop kernel against the same hop compiled by
-XLA and puts both beside the chip's HBM bandwidth: a hop reads the message and the local values
+`measure_hop(...)`, on a TPU only, times the Mosaic codec's hop kernel against the same hop
+compiled by XLA and puts both beside the chip's HBM bandwidth: a hop reads the message and the local values
 and writes the next message, (2 bits_per_element / 8 + local itemsize) bytes per value, so
 
     GB/s = bytes moved / seconds,        fraction of HBM = GB/s / chip.hbm_bandwidth.
@@ -26,9 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..formats import Format, format_label
-from ..kernels import backend
-from ..kernels.hop import fused_hop, hop_reference
-from ..wire import encode
+from ..kernels import backend, codec
+from ..wire import decode, encode
 from .timing import medians, time_calls
 
 __all__ = ["HopTiming", "KernelCheck", "check", "measure_hop", "report"]
@@ -123,7 +122,7 @@ def check(p: int = 4, *, fmt: Format | None = Format.int8(), algorithm: str = "r
 
 @dataclasses.dataclass(frozen=True)
 class HopTiming:
-    """The fused hop kernel against XLA's version of the same hop, on one TPU chip.
+    """The hop kernel against XLA's version of the same hop, on one TPU chip.
 
     Attributes:
         chip: the device kind (e.g. "TPU v5 lite").
@@ -150,7 +149,8 @@ class HopTiming:
 
 def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,  # noqa: B008
                 repeats: int = 20) -> HopTiming:
-    """Time the fused hop kernel and XLA's hop on this TPU (bf16 local values). TPU only."""
+    """Time the Mosaic codec's hop kernel and XLA's hop on this TPU (bf16 local values, rows
+    of 128; `rows x m` values). TPU only."""
     if not backend.on_tpu():
         raise RuntimeError("measure_hop times a TPU chip; this machine has none (backend "
                            f"{jax.default_backend()!r}): no TPU figure is made up here")
@@ -158,12 +158,15 @@ def measure_hop(fmt: Format = Format.int8(), *, rows: int = 1024, m: int = 8192,
 
     kind = jax.devices()[0].device_kind
     k1, k2 = jax.random.split(jax.random.key(0))
-    local = jax.random.normal(k1, (rows, m), jnp.bfloat16)
-    wire = jax.jit(lambda v: encode(v, fmt))(jax.random.normal(k2, (rows, m)))
-    kernel = jax.jit(lambda w, v: fused_hop(w, v, fmt, interpret=False))
-    xla = jax.jit(lambda w, v: hop_reference(w, v, fmt))
-    bitwise = bool(jnp.array_equal(kernel(wire, local), xla(wire, local)))
-    moved = 2 * wire.size + local.size * local.dtype.itemsize
+    n = rows * m
+    local = jax.random.normal(k1, (n // 128, 128), jnp.bfloat16)
+    wire = jax.jit(lambda v: encode(v, fmt))(jax.random.normal(k2, (n,)))
+    kernel = jax.jit(lambda w, v: codec.hop(w, v, fmt, interpret=False))
+    xla = jax.jit(lambda w, v: encode(decode(w, fmt, n) + v.reshape(-1).astype(jnp.float32),
+                                      fmt))
+    bitwise = all(bool(jnp.array_equal(a, b)) for a, b in zip(kernel(wire, local),
+                                                              xla(wire, local), strict=True))
+    moved = 2 * fmt.nbytes(n) + local.size * local.dtype.itemsize
     t = medians(time_calls({"kernel": lambda: kernel(wire, local),
                             "xla": lambda: xla(wire, local)}, repeats))
     tk, tx = t["kernel"], t["xla"]
@@ -181,13 +184,13 @@ CHECKS = (  # (p, algorithm, format name, num_chunks, sabotage): a few seconds e
 )
 
 
-#: Formats whose fused hop `report` times on a TPU.
+#: Formats whose hop kernel `report` times on a TPU.
 HOP_FORMATS = ("int8", "int4", "fp8_e4m3", "mxfp8", "mxfp4")
 
 
 def report(progress=None) -> dict:
-    """What `equarx-ref kernels` prints: the interpret-mode checks, and on a TPU the fused
-    hop's timing (or the error that stopped it). Whether the kernels compile for a TPU is
+    """What `equarx-ref kernels` prints: the interpret-mode checks, and on a TPU the hop
+    kernel's timing (or the error that stopped it). Whether the kernels compile for a TPU is
     `tpu_matrix.compile_matrix` (`equarx-ref kernels --compile v5e:2x4`), with libtpu."""
     say = progress or (lambda message: None)
     out = {"backend": jax.default_backend(), "tpu": backend.on_tpu(), "checks": [],
@@ -201,7 +204,7 @@ def report(progress=None) -> dict:
         out["checks"].append(dataclasses.asdict(result))
     if backend.on_tpu():
         for name in HOP_FORMATS:
-            say(f"timing the fused hop, {name}")
+            say(f"timing the hop kernel, {name}")
             try:
                 out["timings"].append(dataclasses.asdict(measure_hop(Format.parse(name))))
             except Exception as e:

@@ -73,6 +73,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from ..formats import Format
+from ..models.cost import as_chip
 from ..models.hlo_memory import kernel_io, largest_arrays, memory_traffic
 from .bench import (
     BENCH_FORMATS,
@@ -84,6 +85,7 @@ from .bench import (
     plain_program,
 )
 from .tpu_compile import compile_all_reduce, compile_on_chip
+from .tpu_schedule import compiled_schedule, dumping
 
 #: The codec paths XLA:TPU compiles: the XLA path and the Mosaic codec's kernels.
 PATHS = ("xla", "pallas")
@@ -135,6 +137,17 @@ def _accessed(compiled) -> float:
     return float(cost.get("bytes accessed", float("nan")))
 
 
+def _compile(topology: str, build) -> tuple[object, dict]:
+    """Compile with `build`; with libtpu's listings dumped (`tpu_schedule.enable_dump`), the
+    program's static cycles too: {"cycles", "compute_s"} at the chip's clock."""
+    if not dumping():
+        return build(), {}
+    compiled, schedule = compiled_schedule(build)
+    chip = as_chip(topology.split(":")[0])
+    return compiled, {"cycles": schedule.cycles(),
+                      "compute_s": schedule.cycles() / chip.clock_hz}
+
+
 def _measured(compiled, path: str = "xla") -> dict:
     """XLA:TPU's count, and the same count taken apart from the program text
     (`hlo_memory.memory_traffic`): by kind of op, in VMEM, and its tile padding; and the
@@ -180,7 +193,9 @@ def codec_bytes(topology: str, *, mib: float = 16, formats=BENCH_FORMATS, paths=
     for path, prog in progs:
         if progress:
             progress(f"{topology} bytes: {path} {prog.name} {prog.fmt}")
-        measured = _measured(compile_on_chip(topology, prog.fn, prog.args), path)
+        compiled, cycles = _compile(topology, lambda p=prog: compile_on_chip(topology, p.fn,
+                                                                              p.args))
+        measured = {**_measured(compiled, path), **cycles}
         counted = measured.get("counted", measured["bytes_accessed"])
         rows.append({"topology": topology, "path": path, "program": prog.name,
                      "format": prog.fmt, "mib": mib, "n": n, **measured,
@@ -207,8 +222,9 @@ def all_reduce_bytes(topology: str, *, mib: float = 16, p: int = 8, algorithms=A
             progress(f"{topology} bytes: {path} {algorithm} {name or 'bf16'} p={p}")
         fmt = None if name is None else Format.parse(name)
         impl = {"xla": "xla", "pallas": "mosaic"}[path]
-        measured = _measured(compile_all_reduce(topology, n=n, p=p, fmt=fmt,
-                                                algorithm=algorithm, impl=impl), path)
+        compiled, cycles = _compile(topology, lambda f=fmt, a=algorithm, i=impl: (
+            compile_all_reduce(topology, n=n, p=p, fmt=f, algorithm=a, impl=i)))
+        measured = {**_measured(compiled, path), **cycles}
         counted = measured.get("counted", measured["bytes_accessed"])
         rows.append({"topology": topology, "path": path, "algorithm": algorithm,
                      "format": "bfloat16" if fmt is None else str(fmt), "mib": mib, "n": n,
@@ -219,15 +235,19 @@ def all_reduce_bytes(topology: str, *, mib: float = 16, p: int = 8, algorithms=A
 
 
 def byte_ratios(topologies, *, mib: float = 16, p: int = 8, formats=BENCH_FORMATS,
-                algorithms=ALGORITHMS, progress: Callable[[str], None] | None = None) -> dict:
+                algorithms=ALGORITHMS, paths=("xla",),
+                progress: Callable[[str], None] | None = None) -> dict:
     """`codec_bytes` and `all_reduce_bytes` for each topology: {"mib", "p", "target",
-    "codec": rows, "all_reduce": rows, "seconds" (compile wall time, this machine)}."""
+    "codec": rows, "all_reduce": rows, "seconds" (compile wall time, this machine)}. The XLA
+    path by default: the kernels' bytes are what they declare, read with their cycles by
+    `tpu_schedule.py`."""
     topologies = (topologies,) if isinstance(topologies, str) else tuple(topologies)
     start = time.perf_counter()
     codec = [r for t in topologies for r in codec_bytes(t, mib=mib, formats=formats,
-                                                          progress=progress)]
+                                                          paths=paths, progress=progress)]
     ar = [r for t in topologies for r in all_reduce_bytes(
-        t, mib=mib, p=p, algorithms=algorithms, formats=formats, progress=progress)]
+        t, mib=mib, p=p, algorithms=algorithms, formats=formats, paths=paths,
+        progress=progress)]
     return {"mib": mib, "p": p, "target": TARGET, "all_reduce_target": ALL_REDUCE_TARGET,
             "codec": codec, "all_reduce": ar,
             "seconds": time.perf_counter() - start}

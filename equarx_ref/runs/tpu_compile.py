@@ -11,9 +11,9 @@ Nothing executes. What comes back is the TPU program: `as_text()` (its HLO, with
 asynchronous collective-permute-start / -done pairs and the fusions XLA scheduled between
 them), `cost_analysis()` (XLA:TPU's own count of bytes accessed) and `memory_analysis()`.
 
-This module compiles one program: an AllReduce (`compile_all_reduce`), the fused hop kernel
-(`compile_hop`), any function on one chip (`compile_on_chip`) or the tensor-parallel Gemma
-forward (`compile_gemma`). Every configuration of
+This module compiles one program: an AllReduce (`compile_all_reduce`), the Mosaic codec's
+kernels (`compile_codec`), any function on one chip (`compile_on_chip`) or the tensor-parallel
+Gemma forward (`compile_gemma`). Every configuration of
 the package compiled and tabled is `tpu_matrix.py`; the TPU program read back against the models
 (wire bytes, overlap, memory traffic) is `tpu_readback.py`.
 
@@ -42,7 +42,6 @@ import equarx_ref as eq
 from equarx_ref._jax_private import private
 
 __all__ = ["TOPOLOGIES", "LibtpuMissing", "compile_all_reduce", "compile_codec", "compile_gemma",
-           "compile_hop",
            "compile_on_chip", "libtpu_version", "prepare_environment", "source_digest",
            "tpu_devices"]
 
@@ -161,44 +160,31 @@ def compile_all_reduce(topology: str, *, n: int, p: int = 8, dtype="bfloat16",
     return _compile(fn, args, mesh, lowered)
 
 
-def compile_hop(topology: str, fmt: eq.Format, *, rows: int = 8, m: int = 1024,
-                lowered: bool = False):
-    """Compile the fused hop kernel (`kernels.fused_hop`) for one chip of `topology`."""
-    from equarx_ref import kernels
-
-    mesh = _mesh(topology, (1,), ("x",))
-    on_chip = NamedSharding(mesh, P())
-    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8, sharding=on_chip)
-    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
-    return _compile(lambda w, v: kernels.fused_hop(w, v, fmt, interpret=False), (wire, local),
-                    mesh, lowered)
-
-
-def compile_codec(topology: str, fmt: eq.Format, *, rows: int = 16, tiles: int = 2,
-                  lowered: bool = False):
+def compile_codec(topology: str, fmt: eq.Format, *, rows: int = 2048, lowered: bool = False):
     """Compile the Mosaic codec's four kernels (`kernels.codec`) as one program for one chip of
-    `topology`, on a message of `rows` rows of `tiles` tiles each (16 rows: two groups of 8, a
-    2 x 2 grid): encode on it; decode (to f32) and hop on it as `rows x tiles` rows of one
-    tile, whose values travel lane-dense (`codec._dense`), the collectives' case; and
-    two-shot's `reduce` of two such messages. (All seven variants took 3x the compile time
-    of three, which the compile tier pays for every format on two topologies.)"""
+    `topology`: encode, decode (to bf16), a hop, on a message of `rows` rows of 128 values
+    (the kernels' tiles, read as the collectives hand them), and two-shot's reduce of 8 such
+    messages."""
     from equarx_ref.kernels import codec
 
-    m = tiles * codec.TILE_BLOCKS * fmt.block_size
     mesh = _mesh(topology, (1,), ("x",))
     on_chip = NamedSharding(mesh, P())
-    wire = jax.ShapeDtypeStruct((rows, fmt.nbytes(m)), jnp.uint8, sharding=on_chip)
-    local = jax.ShapeDtypeStruct((rows, m), jnp.bfloat16, sharding=on_chip)
+    n = rows * 128
+    (pb, _), (g, _) = eq.wire.message_shapes(n, fmt)
+    bits = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}[fmt.scale_dtype]
+    shapes = [jax.ShapeDtypeStruct((pb, rows), jnp.uint8, sharding=on_chip),
+              jax.ShapeDtypeStruct((g, rows), bits, sharding=on_chip),
+              jax.ShapeDtypeStruct((rows, 128), jnp.bfloat16, sharding=on_chip)]
 
-    def every_kernel(w, v):
-        cols = m // tiles  # one tile a row
-        dense_w, dense_v = w.reshape(rows * tiles, -1), v.reshape(rows * tiles, cols)
-        return (codec.encode(v, fmt, interpret=False),
-                codec.decode(dense_w, fmt, cols, jnp.float32, interpret=False),
-                codec.hop(dense_w, dense_v, fmt, interpret=False),
-                codec.reduce(jnp.stack([w, w]), fmt, m, interpret=False))
+    def every_kernel(payload, scales, x):
+        message = eq.wire.Message(payload, scales)
+        stack = jax.tree.map(lambda a: jnp.stack([a] * 8), message)
+        return (codec.encode(x, fmt, interpret=False),
+                codec.decode(message, fmt, jnp.bfloat16, interpret=False),
+                codec.hop(message, x, fmt, interpret=False),
+                codec.reduce(stack, fmt, interpret=False))
 
-    return _compile(every_kernel, (wire, local), mesh, lowered)
+    return _compile(every_kernel, shapes, mesh, lowered)
 
 
 def compile_on_chip(topology: str, fn: Callable, args, *, lowered: bool = False):

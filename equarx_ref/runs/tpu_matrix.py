@@ -5,9 +5,10 @@ every algorithm x format of the XLA path, the 2D torus, the remedies, every Pall
 format and the tensor-parallel Gemma forward with libtpu's compilers (`tpu_compile.py`: from a
 CPU machine, nothing runs), and reports each as compiled or with the compiler's first line of
 complaint. `run` is `equarx-ref kernels --compile v5e:2x4`: the table, with `--read-back`
-the TPU programs read back against the models (`tpu_readback.py`; on v5e also at 16 MiB per
-chip, `tpu_readback.AT_SCALE`), with `--bytes` XLA:TPU's
-bytes accessed by the codec and the AllReduces over their floors (`tpu_bytes.py`); the TPU
+the TPU programs read back against the models (`tpu_readback.py`), with `--bytes` XLA:TPU's
+bytes accessed by the codec and the AllReduces over their floors (`tpu_bytes.py`), with
+`--schedule` the chip's own schedule read back (`tpu_schedule.py`: the yardsticks, the codec's
+kernels, and on v5e the AllReduces at 16 MiB per chip, priced with their cycles); the TPU
 compile tier of tests/run.sh fails on any error.
 """
 
@@ -30,13 +31,12 @@ from .tpu_compile import (
     compile_all_reduce,
     compile_codec,
     compile_gemma,
-    compile_hop,
     libtpu_version,
     prepare_environment,
     source_digest,
     tpu_devices,
 )
-from .tpu_readback import AT_SCALE, AT_SCALE_N, format_read_back, read_back
+from .tpu_readback import format_read_back, read_back
 
 __all__ = ["CODEC_FORMATS", "FAMILIES", "FORMATS", "SCALE_TOPOLOGY", "CompileResult",
            "compile_matrix", "format_table", "run"]
@@ -48,7 +48,7 @@ class CompileResult:
 
     Attributes:
         topology: e.g. "v5e:2x4".
-        family: "xla", "torus", "remedy", "pallas", "hop", "codec" or "gemma".
+        family: one of `FAMILIES`.
         case: what was compiled, e.g. "ring int8 bf16 p=8 n=4096 k=1".
         ok: the compiler produced an executable.
         seconds: compile wall time (this machine, CPU).
@@ -74,18 +74,19 @@ def _first_line(e: Exception) -> str:
 FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp6_e2m3", "mxfp4")
 XLA_ALGORITHMS = ("ring", "bidir_ring", "two_shot", "one_shot")
 #: The families of `matrix_cases`, in its order ("none" in `families=` selects none of them).
-FAMILIES = ("xla", "torus", "remedy", "pallas", "hop", "codec", "gemma")
-#: The topology `--read-back` also reads at scale (`tpu_readback.AT_SCALE`), when compiled for.
+FAMILIES = ("xla", "torus", "remedy", "mosaic", "pallas", "codec", "gemma")
+#: The topology `--schedule` reads the AllReduces back on at scale (`tpu_readback.AT_SCALE`).
 SCALE_TOPOLOGY = "v5e:2x4"
-#: The Mosaic codec's formats (`kernels.codec.FORMATS`, which loads Pallas): every format above
-#: and an f32 scale. Not the bit-packed odd widths: Mosaic refuses int7/b8's packing
-#: ("unsupported shape cast", libtpu 0.0.42.1).
-CODEC_FORMATS = (*FORMATS, "int8/f32")
+#: The Mosaic codec's formats: those its kernels code (`kernels.tiles.supports`: 8-bit and
+#: 4-bit elements) among `FORMATS`, and an f32 scale.
+CODEC_FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "int8/f32")
 
 
 def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
     """(family, case, thunk lowering it for `topology`) for every configuration the compile
-    tier covers; `.compile()` on what a thunk returns runs libtpu's compilers."""
+    tier covers; `.compile()` on what a thunk returns runs libtpu's compilers. Each program is
+    compiled once in the tier: the codec's kernels and the AllReduces at 16 MiB per chip are
+    the schedule read-back's (`tpu_schedule.py`), not this matrix's."""
     fmts = {name: eq.Format.parse(name) for name in FORMATS}
     cases = []
 
@@ -93,15 +94,14 @@ def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
         cases.append((family, case, functools.partial(thunk, lowered=True)))
 
     n = 4096 + 96  # per chip: whole blocks, not a multiple of p x 128 (an odd layout)
-    for dtype in ("bfloat16", "float32"):
-        short = "bf16" if dtype == "bfloat16" else "f32"
-        add("xla", f"psum {short}", functools.partial(
-            compile_all_reduce, topology, n=n, dtype=dtype, fmt=None, algorithm="psum"))
-        for algorithm in XLA_ALGORITHMS:
-            for name, fmt in (("bf16" if dtype == "bfloat16" else "f32", None), *fmts.items()):
-                add("xla", f"{algorithm} {name} {short}", functools.partial(
-                    compile_all_reduce, topology, n=n, dtype=dtype, fmt=fmt,
-                    algorithm=algorithm))
+    add("xla", "psum bf16", functools.partial(
+        compile_all_reduce, topology, n=n, fmt=None, algorithm="psum"))
+    for algorithm in XLA_ALGORITHMS:
+        for name, fmt in (("bf16", None), *fmts.items()):
+            add("xla", f"{algorithm} {name} bf16", functools.partial(
+                compile_all_reduce, topology, n=n, fmt=fmt, algorithm=algorithm))
+    add("xla", "ring int8 f32", functools.partial(
+        compile_all_reduce, topology, n=n, dtype="float32", fmt=fmts["int8"]))
     int8 = fmts["int8"]
     for algorithm in ("ring", "bidir_ring"):
         add("torus", f"{algorithm} int8 2x4 torus", functools.partial(
@@ -114,28 +114,34 @@ def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
         compile_all_reduce, topology, n=n, fmt=int8, rotate=True))
     add("remedy", "ring int8 hop_bits=adaptive", functools.partial(
         compile_all_reduce, topology, n=n, fmt=int8, hop_bits="adaptive"))
-    # The Pallas kernels: every format at p = 8 both lanes; p, lengths and pipelining on int8.
+    # The collectives on the Mosaic codec's kernels: every schedule and kernel format, chunks
+    # of 16 rows of 128 (the kernels' smallest tile), pipelined and not
+    small = 8 * 16 * 128
+    for algorithm in ("ring", "bidir_ring", "two_shot"):
+        for name in CODEC_FORMATS:
+            add("mosaic", f"{algorithm} {name} p=8 n={small}", functools.partial(
+                compile_all_reduce, topology, n=small, fmt=eq.Format.parse(name),
+                algorithm=algorithm, impl="mosaic"))
+    add("mosaic", f"bidir_ring int8 p=8 n={2 * small} k=2", functools.partial(
+        compile_all_reduce, topology, n=2 * small, fmt=int8, algorithm="bidir_ring",
+        num_chunks=2, impl="mosaic"))
+    # The Pallas ring kernel: every format at p = 8 both lanes; p, lengths and pipelining on
+    # int8 (pieces of one row of 128, shorter than a register's sublanes, among them)
     for algorithm in ("ring", "bidir_ring"):
-        for name, fmt in (("bf16", None), *fmts.items()):
+        for name, fmt in (("bf16", None), *((k, v) for k, v in fmts.items()
+                                            if k in CODEC_FORMATS)):
             add("pallas", f"{algorithm} {name} p=8 n={n} k=2", functools.partial(
                 compile_all_reduce, topology, n=n, fmt=fmt, algorithm=algorithm,
                 num_chunks=2, impl="pallas"))
-    # p = 2, 4, 8; odd lengths; pieces of 32 and 64 values (shorter than a 128-lane tile row)
     for p, size, k in ((2, 1000, 1), (4, 4100, 4), (8, 8000, 4), (4, 1000, 2), (4, 300, 2)):
         add("pallas", f"ring int8 p={p} n={size} k={k}", functools.partial(
             compile_all_reduce, topology, n=size, p=p, fmt=int8, num_chunks=k, impl="pallas"))
     add("pallas", "ring f32 p=4 n=1000 k=2 (f32 input)", functools.partial(
         compile_all_reduce, topology, n=1000, p=4, dtype="float32", fmt=None, num_chunks=2,
         impl="pallas"))
-    for name in ("bf16", "int4", "mxfp4"):  # short pieces in the narrowest formats too
-        add("pallas", f"bidir_ring {name} p=4 n=300 k=2", functools.partial(
-            compile_all_reduce, topology, n=300, p=4, fmt=fmts.get(name), num_chunks=2,
-            algorithm="bidir_ring", impl="pallas"))
-    for name, fmt in fmts.items():
-        add("hop", f"fused hop {name}", functools.partial(compile_hop, topology, fmt))
-    for name in CODEC_FORMATS:  # encode, decode and hop kernels on a 2 x 2 grid of tiles
+    for name in CODEC_FORMATS:  # encode, decode, hop and reduce on small messages
         add("codec", f"Mosaic codec {name}", functools.partial(
-            compile_codec, topology, eq.Format.parse(name)))
+            compile_codec, topology, eq.Format.parse(name), rows=256))
     for label, ar in (("psum", None),
                       ("ring int8 xla", eq.AllReduce(fmt=int8, min_bytes=0)),
                       ("ring int8 pallas", eq.AllReduce(fmt=int8, min_bytes=0, impl="pallas")),
@@ -220,15 +226,21 @@ def format_table(results: list[CompileResult]) -> str:
 
 
 def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
-        read_back_too: bool = False, bytes_mib: float | None = None, jobs: int = 1, out=None,
+        read_back_too: bool = False, bytes_mib: float | None = None, schedule: bool = False,
+        jobs: int = 1, out=None,
         progress: Callable[[str], None] | None = None) -> tuple[int, dict]:
     """What `equarx-ref kernels --compile T1,T2` does: compile the matrix for every topology
-    in one process, print the table (and the read-back, the byte ratios), return (exit status,
-    JSON report). Status 0 when everything compiled, 1 on any compile error, 2 when libtpu is
-    missing or a topology is unknown (one line on stderr saying which)."""
+    in one process, print the table (and the read-back, the byte ratios, the schedule read
+    back: `tpu_schedule.py`), return (exit status, JSON report). Status 0 when everything
+    compiled, 1 on any compile error, 2 when libtpu is missing or a topology is unknown (one
+    line on stderr saying which)."""
     import sys
 
+    from . import tpu_schedule
+
     out = out or sys.stdout
+    if schedule or read_back_too or bytes_mib is not None:  # bundle listings: before it loads
+        tpu_schedule.enable_dump()
     try:
         prepare_environment(topologies[0])
         for t in topologies:
@@ -256,12 +268,13 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
               f"speedup over the bf16 psum: modelled / re-priced with XLA:TPU's bytes, "
               f"HBM part only - all):", file=out)
         print(format_read_back(rows), file=out)
-        if SCALE_TOPOLOGY in topologies:
-            rows = read_back(SCALE_TOPOLOGY, n=AT_SCALE_N, cases=AT_SCALE, progress=progress)
-            report["read_back_at_scale"] = rows
-            print(f"read back at scale ({AT_SCALE_N} bf16 values per chip, 16 MiB):", file=out)
-            print(format_read_back(rows), file=out)
     if bytes_mib is not None:
         report["bytes"] = byte_ratios(topologies, mib=bytes_mib, progress=progress)
         print(format_byte_ratios(report["bytes"]), file=out)
+    if schedule:
+        report["schedule"] = tpu_schedule.schedule_record(
+            topologies, all_reduce_topologies=tuple(t for t in topologies
+                                                    if t == SCALE_TOPOLOGY),
+            progress=progress)
+        print(tpu_schedule.format_schedule(report["schedule"]), file=out)
     return (0 if all(r.ok for r in results) else 1), report

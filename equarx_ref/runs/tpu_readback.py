@@ -34,6 +34,7 @@ from ..models.cost import as_chip, phases, predicted_time
 from ..models.hlo import collective_overlap, hlo_wire_bytes
 from ..models.hlo_memory import kernel_io, memory_traffic
 from .tpu_compile import compile_all_reduce
+from .tpu_schedule import compiled_schedule, dumping, price_ops
 
 __all__ = ["AT_SCALE", "AT_SCALE_N", "READ_BACK", "format_read_back", "model_hbm_bytes",
            "priced_time", "read_back"]
@@ -92,8 +93,15 @@ def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
         fmt = None if name is None else eq.Format.parse(name)
         if progress:
             progress(f"{topology} read back: {algorithm} {name or dtype} k={k} {impl}")
-        compiled = compile_all_reduce(topology, n=n, p=p, dtype=dtype, fmt=fmt,
+        def build(fmt=fmt, algorithm=algorithm, k=k, impl=impl):
+            return compile_all_reduce(topology, n=n, p=p, dtype=dtype, fmt=fmt,
                                       algorithm=algorithm, num_chunks=k, impl=impl)
+
+        schedule = None
+        if dumping():  # libtpu writes its bundle listings: read the cycles too
+            compiled, schedule = compiled_schedule(build)
+        else:
+            compiled = build()
         text = compiled.as_text()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -104,9 +112,21 @@ def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
         pairs = collective_overlap(text)
         hbm = traffic.hbm + kernels
         ratio, hbm_ratio = accessed / model, max(hbm / model, 1.0)
+        ratios = {"model": 1.0, "hbm_only": hbm_ratio, "all": ratio}
+        cycles = {}
+        if schedule is not None:  # every kernel and fusion at its roofline (tpu_schedule.py)
+            c = as_chip(chip)
+            ops = price_ops(schedule, text, c)
+            priced = sum(o["price_s"] for o in ops)
+            ratios["cycles"] = max(priced / (model / c.hbm_bandwidth), 1.0)
+            cycles = {"cycles": schedule.cycles(), "compute_s": schedule.cycles() / c.clock_hz,
+                      "priced_s": priced, "model_bf16_bidir_s": predicted_time(
+                          n, p, fmt=None, algorithm="bidir_ring", chip=chip, dtype=dtype),
+                      "declared_bytes": sum(o["bytes"] for o in ops if o["declared"]),
+                      "ops": sorted(ops, key=lambda o: -o["price_s"])[:5]}
         times = {label: priced_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, ratio=r,
                                     dtype=dtype, num_chunks=k)
-                 for label, r in (("model", 1.0), ("hbm_only", hbm_ratio), ("all", ratio))}
+                 for label, r in ratios.items()}
         out.append({
             "topology": topology, "algorithm": algorithm, "format": name or dtype,
             "num_chunks": k, "impl": impl, "n": n, "p": p, "dtype": jnp.dtype(dtype).name,
@@ -124,6 +144,7 @@ def read_back(topology: str, *, n: int = 1 << 18, p: int = 8, dtype="bfloat16",
             "permutes": len(pairs), "max_in_flight": max((q.in_flight for q in pairs), default=0),
             "fusions_between": [len(q.between) for q in pairs],
             "feeding_other_sends": [len(q.feeding) for q in pairs],
+            **cycles,
         })
     base = next((r["seconds"] for r in out if r["algorithm"] == "psum"), None)
     for r in out:  # speedup over the bf16 psum, each time priced the same way

@@ -27,9 +27,10 @@ out near the chip's peak FLOP/s (the MXU stall accounting: a bundle issues a mul
 takes a cycle per row), a Pallas `x + 1` and XLA's own `x + 1` fusion at or under their HBM
 time. Then the codec's kernels (`codec_rows`: encode, decode, hop and two-shot's reduce of
 each format, 16 MiB of bf16 on one chip) are priced against the HBM time of their fewest bytes,
-and the AllReduces (`all_reduce_rows`, 16 MiB per chip over 8 chips) are read back whole:
+and the AllReduces (16 MiB per chip over 8 chips, `tpu_readback.AT_SCALE`) are read back
+whole (`tpu_readback.read_back`, which reads the cycles wherever the listings are dumped):
 their static compute beside the time model's, and the model re-priced with every kernel's and
-fusion's roofline (`priced_time` of `tpu_readback.py`). The figures are stored in
+fusion's roofline (`tpu_readback.priced_time`). The figures are stored in
 equarx_ref/data/tpu-schedule.json (`equarx-ref kernels --schedule`); the TPU tier of the tests
 holds the targets to them.
 """
@@ -48,7 +49,7 @@ import jax.numpy as jnp
 import equarx_ref as eq
 
 from ..models.bundles import ProgramSchedule, read_dump
-from ..models.cost import as_chip, predicted_time
+from ..models.cost import as_chip
 from ..models.hlo_memory import op_bytes
 from .tpu_compile import (
     compile_all_reduce,
@@ -57,9 +58,8 @@ from .tpu_compile import (
     tpu_devices,
 )
 
-__all__ = ["CODEC_FORMATS", "CODEC_KERNELS", "N", "SCHEDULE_CASES", "all_reduce_rows",
-           "codec_rows", "compiled_schedule", "enable_dump", "format_schedule", "price_ops",
-           "schedule_record", "yardsticks"]
+__all__ = ["CODEC_FORMATS", "CODEC_KERNELS", "N", "codec_rows", "compiled_schedule", "dumping",
+           "enable_dump", "format_schedule", "price_ops", "schedule_record", "yardsticks"]
 
 #: Values per chip the schedule is read at: 16 MiB of bf16.
 N = 8 << 20
@@ -67,11 +67,6 @@ N = 8 << 20
 CODEC_FORMATS = ("int8", "fp8_e4m3", "int4", "mxfp8", "mxfp4")
 #: The codec's kernels, each a program of its own.
 CODEC_KERNELS = ("encode", "decode", "hop", "reduce")
-#: The AllReduces read back whole: (algorithm, format or None, num_chunks, impl).
-SCHEDULE_CASES = (("psum", None, 1, "xla"), ("bidir_ring", None, 1, "xla"),
-                  ("bidir_ring", "int8", 1, "mosaic"), ("bidir_ring", "int8", 2, "mosaic"),
-                  ("ring", "int8", 1, "mosaic"), ("two_shot", "int8", 1, "mosaic"),
-                  ("bidir_ring", "int8", 1, "xla"))
 _FLAGS = ("--xla_jf_dump_to={} --xla_jf_dump_llo_text=true "
           "--xla_jf_dump_llo_pass_label_regex=final_bundles")
 _folder: pathlib.Path | None = None
@@ -91,6 +86,11 @@ def enable_dump() -> pathlib.Path:
     os.environ["LIBTPU_INIT_ARGS"] = f"{flags} {_FLAGS.format(folder)}".strip()
     _folder = folder
     return folder
+
+
+def dumping() -> bool:
+    """Whether libtpu writes its bundle listings in this process (`enable_dump` ran)."""
+    return _folder is not None
 
 
 def compiled_schedule(compile_thunk: Callable):
@@ -208,50 +208,6 @@ def codec_rows(topology: str, *, formats=CODEC_FORMATS, kernels=CODEC_KERNELS, n
     return rows
 
 
-def all_reduce_rows(topology: str, *, cases=SCHEDULE_CASES, n: int = N, p: int = 8,
-                    progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Each AllReduce compiled whole over p chips, n bf16 values per chip: {"topology",
-    "algorithm", "format", "num_chunks", "impl", "cycles" (static, every kernel and fusion),
-    "compute_s", "priced_s" (the sum of the ops' rooflines), "declared_bytes" (the part of the
-    memory side the kernels only declare), "model_s" (the time model's), "priced_time_s" (the
-    model with its memory passes taking the ops' priced time, `tpu_readback.priced_time`),
-    "ops" (the five costliest)}."""
-    from .tpu_readback import model_hbm_bytes, priced_time
-
-    name = topology.split(":")[0]
-    chip = as_chip(name)
-    rows = []
-    for algorithm, fmt_name, k, impl in cases:
-        if progress:
-            progress(f"{topology} schedule: {algorithm} {fmt_name or 'bf16'} k={k} {impl}")
-        fmt = None if fmt_name is None else eq.Format.parse(fmt_name)
-        options = {"fmt": fmt, "algorithm": algorithm}
-        if algorithm != "psum":
-            options.update(num_chunks=k, impl=impl)
-        compiled, schedule = compiled_schedule(
-            lambda o=options: compile_all_reduce(topology, n=n, p=p, **o))
-        ops = price_ops(schedule, compiled.as_text(), chip)
-        cycles = schedule.cycles()
-        priced = sum(o["price_s"] for o in ops)
-        model_bytes = model_hbm_bytes(n, p, fmt=fmt, algorithm=algorithm, num_chunks=k)
-        ratio = max(priced / (model_bytes / chip.hbm_bandwidth), 1.0) if model_bytes else 1.0
-        rows.append({
-            "topology": topology, "algorithm": algorithm, "format": fmt_name or "bfloat16",
-            "num_chunks": k, "impl": impl, "n": n, "p": p, "cycles": cycles,
-            "compute_s": cycles / chip.clock_hz, "priced_s": priced,
-            "declared_bytes": sum(o["bytes"] for o in ops if o["declared"]),
-            "model_s": predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=name,
-                                      num_chunks=k),
-            "priced_time_s": priced_time(n, p, fmt=fmt, algorithm=algorithm, chip=name,
-                                         ratio=ratio, num_chunks=k),
-            "ops": sorted(ops, key=lambda o: -o["price_s"])[:5]})
-    psum = next((r for r in rows if r["algorithm"] == "psum"), None)
-    for r in rows:
-        r["speedup_over_psum"] = None if psum is None else \
-            psum["priced_time_s"] / r["priced_time_s"]
-    return rows
-
-
 def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=("v5e:2x4",),
                     n: int = N, formats=CODEC_FORMATS,
                     progress: Callable[[str], None] | None = None) -> dict:
@@ -260,6 +216,7 @@ def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=
     `all_reduce_topologies`; each chip's clock and HBM bandwidth, and the libtpu that made
     them."""
     from .tpu_compile import libtpu_version
+    from .tpu_readback import AT_SCALE, read_back
 
     prepare_environment(topologies[0])
     start = time.perf_counter()
@@ -272,7 +229,7 @@ def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=
         "codec": [r for t in topologies for r in codec_rows(t, formats=formats, n=n,
                                                             progress=progress)],
         "all_reduce": [r for t in all_reduce_topologies
-                       for r in all_reduce_rows(t, n=n, progress=progress)],
+                       for r in read_back(t, n=n, cases=AT_SCALE, progress=progress)],
     }
     record["seconds"] = time.perf_counter() - start
     return record
@@ -302,11 +259,11 @@ def format_schedule(record: dict) -> str:
               "rooflines, the time model's time and the model re-priced with them "
               "(modelled, not measured)"]
     for r in record["all_reduce"]:
-        speed = r.get("speedup_over_psum")
+        speed = (r.get("speedup_over_psum") or {}).get("cycles")
         lines.append(
             f"  {r['topology']:9s} {r['algorithm']:10s} {r['format']:9s} k={r['num_chunks']} "
             f"{r['impl']:6s} compute {r['compute_s'] * 1e6:>7.0f} us  priced "
-            f"{r['priced_s'] * 1e6:>7.0f} us  model {r['model_s'] * 1e6:>6.0f} us  re-priced "
-            f"{r['priced_time_s'] * 1e6:>6.0f} us" +
+            f"{r['priced_s'] * 1e6:>7.0f} us  model {r['seconds']['model'] * 1e6:>6.0f} us  "
+            f"re-priced {r['seconds']['cycles'] * 1e6:>6.0f} us" +
             (f"  {speed:.2f}x psum" if speed else ""))
     return "\n".join(lines)
