@@ -114,10 +114,12 @@ def check_format(name: str) -> dict:
 
 def check_kernels(name: str, family: str = "mosaic") -> dict:
     """The encode and decode kernels of the Mosaic codec (`family="mosaic"`) or the GPU codec
-    ("gpu") on one message of `name`, a row per data class (zero rows to a multiple of 8):
-    {class: None when bitwise the spec, else what differs first}."""
+    ("gpu", `_check_gpu_kernels`) on one message of `name`, a row per data class (zero rows
+    to a multiple of 8): {class: None when bitwise the spec, else what differs first}."""
     from ..kernels import codec, gpu
 
+    if family == "gpu":
+        return _check_gpu_kernels(name)
     kernels = {"mosaic": codec, "gpu": gpu}[family]
 
     fmt = Format.parse(name)
@@ -140,6 +142,45 @@ def check_kernels(name: str, family: str = "mosaic") -> dict:
         else:
             out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
                                       f"{kernels.__name__.removeprefix('equarx_ref.')}.decode")
+    return out
+
+
+def _canonical(payload, scales, fmt) -> np.ndarray:
+    """A message's canonical bytes (spec/wire.py): block after block, payload then scale."""
+    blocks, bits = spec.from_message(np.asarray(payload), np.asarray(scales), fmt)
+    return np.concatenate([blocks, spec.scale_bytes(bits)], axis=1).ravel()
+
+
+def _check_gpu_kernels(name: str) -> dict:
+    """`check_kernels` for the GPU codec (`kernels.gpu`): a message of whole rows per data
+    class, encoded and decoded as one batch; a difference named in canonical bytes."""
+    from ..kernels import gpu
+    from ..wire import Message
+
+    fmt = Format.parse(name)
+    xs = [spec.to_blocks(data.make(cls, fmt), fmt.block_size).ravel() for cls in data.CLASSES]
+    m = -(-max(x.size for x in xs) // fmt.row) * fmt.row
+    rows = np.zeros((len(xs), m), np.float32)
+    for i, x in enumerate(xs):
+        rows[i, :x.size] = x
+    qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in rows]
+    messages = [spec.message(q, fmt) for q in qs]
+    message = Message(jnp.asarray(np.stack([p for p, _ in messages])),
+                      jnp.asarray(np.stack([s for _, s in messages])))
+    encoded = jax.jit(functools.partial(gpu.encode, fmt=fmt))(jnp.asarray(rows))
+    values = np.asarray(jax.jit(lambda w: gpu.decode(w, fmt, m))(message))
+    out = {}
+    for i, cls in enumerate(data.CLASSES):
+        fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
+        want = spec.canonical_bytes(qs[i])
+        got = _canonical(encoded.payload[i], encoded.scales[i], fmt)
+        finite = np.repeat(qs[i].finite, fmt.block_size)
+        if not np.array_equal(got[fixed], want[fixed]):
+            out[cls] = {"path": "kernels.gpu.encode",
+                        **_first_block(fmt, rows[i], want, got, fixed)}
+        else:
+            out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
+                                      "kernels.gpu.decode")
     return out
 
 
