@@ -13,26 +13,28 @@ one pass:
 
 for m = R rows of `fmt.row` values (128, or one block when the block does not divide 128).
 
-The tiling. A grid step codes a tile of T rows of a message: it loads the values where they
-lie, `[T, G, B]` (T rows of consecutive values: a coalesced load), quantizes them with the
-package's own rule on blocks along the last axis (`quantize_blocks`, unchanged), which gives the
-payload `[T, G, PB]` and the scales `[T, G]` in the values' order, transposes both in registers
-and stores `[G, PB, T]` and `[G, T]`: every payload row of the tile is T consecutive bytes of
-the message. The bytes are `wire.encode`'s by construction, and tests/test_gpu_codec.py holds
-every kernel to the spec. Decode transposes the bytes back, then decodes in the values' order;
-a hop does both, adding its local values in their own order, so nothing but bytes is ever
-transposed. The transpose is of the codes, not of the values as on a TPU (kernels/tiles.py):
-there the transposed values put a block down one lane's sublanes, where its maximum needs no
-cross-lane shuffles; a GPU reduces along any axis of a Triton tensor with warp shuffles and
-has nothing to gain from a transposed computation, and Triton moves a transpose through shared
-memory, where the payload's bytes are a quarter (8-bit) or an eighth (4-bit) of the f32
-values'. T is `TILE_ROWS` = 32, on `NUM_WARPS` = 4 warps: a payload row of the tile is then 32
-bytes, one whole sector of a GPU's memory transactions (16 rows would write half sectors), a
-scale row two or four sectors, and a step's 4096 values are 32 a thread, which a thread holds
-in registers with the rule's temporaries. Where a message's rows are not a multiple of 32, T is
-the largest power of two that divides them (Triton's shapes are powers of two; a grid covers
-the message exactly), and messages with fewer rows than that are coded several to a step,
-their tiles side by side (`[L, T, G, B]`, one grid axis over messages, one over tiles).
+The tiling. A grid step codes a tile of T rows of a message: it loads the values where they lie,
+`[T, G, B]` (T rows of consecutive values: a coalesced load), quantizes them with the package's
+own rule on blocks along the last axis (`quantize_blocks`, unchanged), which gives the payload
+`[T, G, PB]` and the scales `[T, G]` in the values' order, transposes both in registers and
+stores `[G, PB, T]` and `[G, T]`: every payload row of the tile is T consecutive bytes of the
+message. The bytes are `wire.encode`'s by construction, and tests/test_gpu_codec.py holds every
+kernel to the spec. Decode transposes the bytes back, then decodes in the values' order; a hop
+does both, adding its local values in their own order, so nothing but bytes is ever transposed.
+The transpose is of the codes, not of the values as on a TPU (kernels/tiles.py): there the
+transposed values put a block down one lane's sublanes, where its maximum needs no cross-lane
+shuffles; a GPU reduces along any axis of a Triton tensor (within a thread, then by warp
+shuffles) and has nothing to gain from a transposed computation, and Triton moves a transpose
+through shared memory, where the payload's bytes are a quarter (8-bit) or an eighth (4-bit) of
+the f32 values'. T is `TILE_ROWS` = 32, on `NUM_WARPS` = 4 warps: a payload row of the tile is
+then 32 bytes, one whole sector of a GPU's memory transactions (16 rows would write half
+sectors), a scale row one, two or four sectors (E8M0, bf16, f32 scales), and a step's 4096
+values (rows of 128) are 32 a thread, which a thread holds in registers with the rule's
+temporaries. Where a message's rows are not a multiple of 32, T is the largest power of two that
+divides them (Triton's shapes are powers of two, and a grid must cover the message exactly:
+Pallas' Triton lowering masks no ragged edge), and where T is under 32 a step codes the tiles of
+several messages side by side, as many as divide their count within 32 rows (`[L, T, G, B]`; one
+grid axis over messages, one over tiles).
 
 These tiles are reasoned, not measured: the kernels have not run on a GPU (none was lent when
 they were written for this layout). `equarx-ref bench` times them on a GPU against a copy and a
