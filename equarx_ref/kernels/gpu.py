@@ -1,64 +1,67 @@
 """The GPU codec: encode, decode and one ring hop as Pallas kernels for GPUs (Triton backend).
 
-XLA:GPU compiles the readable codec (`wire.encode`) into a reduce fusion for the block maxima,
-small per-block fusions for the scales, and one concatenate fusion that reads the input again
-and writes the `[blocks, bytes_per_block]` rows: at least two passes over the input, where the
-fewest bytes are one. Measured on an NVIDIA H100 (jax 0.11.2, 2^28 bf16 values, `equarx-ref
-bench`): int8 encode at 36% of a copy's bandwidth, and a ring hop at 2.2x a bf16 `a + b`.
+A message is two arrays (spec/wire.py): the payload uint8 `[G PB, R]`, block r G + j's PB bytes
+down lane r of slot j, and the scales `[G, R]`, its scale's bits in the same lane. The readable
+codec (`wire.encode`: `quantize.quantize_blocks`, then transposes) leaves it to XLA:GPU how to
+fuse a reduction for the block maxima, the elements and the transposes, and it may read the
+values more than once, where the fewest bytes are one pass. These kernels make each program
+one pass:
 
-These kernels make each program one pass. A grid step loads a tile of `TILE_BLOCKS` blocks,
-`[TILE_BLOCKS, block_size]`, quantizes it where it lies with the package's own rule
-(`quantize.quantize_blocks`, unchanged), and stores the payload bytes and the scale bytes
-straight into the wire rows, block after block: the bytes `wire.encode` writes, bit for bit
-(tests/test_gpu_codec.py holds every kernel to the spec in interpret mode on the CPU, and
-`equarx-ref check` does on a GPU). Decode reads the rows back the same way, and the hop
-decodes, adds its local tile in f32 and encodes again without leaving the core.
+    encode  values [..., m]                     -> Message([..., G PB, R], [..., G, R])
+    decode  Message, m                          -> values [..., m]
+    hop     (Message, local values [..., m])    -> Message: encode(decode(message) + local)
 
-    encode  values [..., n]                     -> wire bytes [..., fmt.nbytes(n)]
-    decode  wire bytes [..., fmt.nbytes(n)]     -> values [..., n]
-    hop     (wire bytes, local values [..., n]) -> wire bytes: encode(decode(wire) + local)
+for m = R rows of `fmt.row` values (128, or one block when the block does not divide 128).
 
-Triton's shapes are powers of two, so a tile is a power-of-two number of blocks of a
-power-of-two block size, and a row of 34 bytes is written as its payload `[tile, 32]` and one
-column per scale byte. The formats are those of 8-bit and of 4-bit elements (`FORMATS`). An
-8-bit code is a payload byte; 4-bit codes pack in the package's own way (`elements.pack_codes`:
-byte i holds elements i and i + B/2, the block's two halves as `[tile, 2, B/2]` and a
-reduction over the 2), and unpack through the broadcast of `decode_elements(from_wire=False)`,
-the same values as the wire path's concatenation, which has no Triton lowering. Widths whose
-groups span 3 bytes (6-bit) have no power-of-two shape and are refused. Two of jax's lowering
-rules for Triton are missing for what the rule uses, so `_lowering_rules` adds them, only where
-jax has none (`_jax_private.py` lists the names): `round` (ties to even by one addition, ties
-away from zero from `floor`) and a `stack` of one array (an added axis).
+The tiling. A grid step codes a tile of T rows of a message: it loads the values where they lie,
+`[T, G, B]` (T rows of consecutive values: a coalesced load), quantizes them with the package's
+own rule on blocks along the last axis (`quantize_blocks`, unchanged), which gives the payload
+`[T, G, PB]` and the scales `[T, G]` in the values' order, transposes both in registers and
+stores `[G, PB, T]` and `[G, T]`: every payload row of the tile is T consecutive bytes of the
+message. The bytes are `wire.encode`'s by construction, and tests/test_gpu_codec.py holds every
+kernel to the spec. Decode transposes the bytes back, then decodes in the values' order; a hop
+does both, adding its local values in their own order, so nothing but bytes is ever transposed.
+The transpose is of the codes, not of the values as on a TPU (kernels/tiles.py): there the
+transposed values put a block down one lane's sublanes, where its maximum needs no cross-lane
+shuffles; a GPU reduces along any axis of a Triton tensor (within a thread, then by warp
+shuffles) and has nothing to gain from a transposed computation, and Triton moves a transpose
+through shared memory, where the payload's bytes are a quarter (8-bit) or an eighth (4-bit) of
+the f32 values'. T is `TILE_ROWS` = 32, on `NUM_WARPS` = 4 warps: a payload row of the tile is
+then 32 bytes, one whole sector of a GPU's memory transactions (16 rows would write half
+sectors), a scale row one, two or four sectors (E8M0, bf16, f32 scales), and a step's 4096
+values (rows of 128) are 32 a thread, which a thread holds in registers with the rule's
+temporaries. Where a message's rows are not a multiple of 32, T is the largest power of two that
+divides them (Triton's shapes are powers of two, and a grid must cover the message exactly:
+Pallas' Triton lowering masks no ragged edge), and where T is under 32 a step codes the tiles of
+several messages side by side, as many as divide their count within 32 rows (`[L, T, G, B]`; one
+grid axis over messages, one over tiles).
 
-Triton's float semantics differ from XLA's in two ways the rule met, both found on an H100
-(tests/test_gpu_codec.py evaluates the kernels' bodies with Triton's semantics on the CPU, so
-CI holds them to it): jax lowers `-x` to Triton as 0 - x, so a decoded -0 came back +0
-(`elements._float_values` now multiplies by -1 instead), and `max` and `min` to `maxnumf`
-and `minnumf`, which drop a NaN, so a non-finite block decoded to 3.4e38: the decode here
-saturates by comparisons (`_decode_values`), where `scales.apply_scale` keeps its clip (XLA:TPU
-counted 1.8x the bytes for a 4-bit decode with the comparisons).
+These tiles are reasoned, not measured: the kernels have not run on a GPU (none was lent when
+they were written for this layout). `equarx-ref bench` times them on a GPU against a copy and a
+bf16 `a + b` (`runs/bench.py`), `equarx-ref check` holds them to the spec there, and the
+figures belong in the stored records, not here.
 
-Measured on an NVIDIA H100 80GB HBM3 (jax 0.11.2, 2^28 bf16 values, medians of round-robin calls
-in one run, against `x + 1` and a bf16 `a + b` in the same run; runs on four machines, each
-against its own baselines): a tile of 64 blocks on 2 warps was the fastest of 16 (16-128 blocks
-x 1-8 warps; 1024 blocks ran 10x slower; a later sweep with the one-addition round had 32x1,
-64x4 and 128x4 within 4% of it, inside the runs' spread). int8 encode 0.78 / 0.98 ms, 56% / 50%
-of the copy's bandwidth (the XLA codec: 1.27 ms, 38-39%); decode 94% (XLA: 68%); a hop 0.96 /
-1.11 ms, 1.65x / 1.83x `a + b` (XLA: 2.8-3.2x); mxfp8 encode 61% / 54%. A naive quantizer in the
-same kernel shape (absmax / 127, round, no exactness rule) took 0.56-0.60 ms, 73-78%: the exact
-rule costs about 1.5x here, in arithmetic (the scale bytes' stores cost nothing measurable), so
-operations per element are what to save: `round` as one addition (`_round_half_even`) instead of
-two floors took, side by side on the third machine, int8 encode 0.99 -> 0.94 ms and its hop 1.15
--> 1.08 ms (1.46x -> 1.37x `a + b`), fp8_e4m3 1.11 -> 1.01 and 1.41 -> 1.29 ms, mxfp8 0.93 ->
-0.85 and 1.21 -> 1.10 ms (one PTX `cvt.rni` instead of the floors had gained nothing, in an
-earlier run). So a hop meets 1.5x `a + b` for int8 and mxfp8, not for fp8_e4m3 (1.64x), and
-encode stays short of 60% of a copy (int8 47%, mxfp8 51-53% on that machine, whose copy ran at
-1.9 TB/s). The 4-bit formats, on a fourth machine (`equarx-ref bench --mib 512`, copy 1.9 TB/s):
-int4 encode 39% of a copy, decode 71%, a hop 1.44x `a + b` (the XLA codec's: 2.62x); mxfp4 41%,
-76%, 1.46x (XLA: 2.94x); int8 in the same run 46%, 75%, 1.47x.
+Shapes and formats. The formats are those of 8-bit and of 4-bit elements in power-of-two
+blocks (`FORMATS`, `supports`), so G, PB and B are powers of two. An 8-bit code is a payload
+byte; 4-bit codes pack in the package's own way (`elements.pack_codes`: byte i holds elements i
+and i + B/2, the block's halves as `[..., 2, B/2]` and a reduction over the 2), and unpack
+through the broadcast of `decode_elements(from_wire=False)`, the same values as the wire path's
+concatenation, which has no Triton lowering. Widths whose groups span 3 bytes (6-bit) have no
+power-of-two shape and are refused. Two of jax's lowering rules for Triton are missing for what
+the rule uses, so `_lowering_rules` adds them, only where jax has none (`_jax_private.py` lists
+the names): `round` (ties to even by one addition, ties away from zero from `floor`) and a
+`stack` of one array (an added axis).
 
-What this does not claim: no other GPU has run these kernels; the figures are the closing
-notes' and this essay's, not a stored result.
+Triton's float semantics differ from XLA's in ways the rule meets (tests/test_gpu_codec.py
+evaluates the kernels' bodies with Triton's semantics on the CPU, so CI holds them to it): jax
+lowers `-x` to Triton as 0 - x, which turns -0 into +0 (`elements.float_values` multiplies by
+-1 instead, and the round lowering puts the sign back by an OR), and `max` and `min` to
+`maxnumf` and `minnumf`, which drop a NaN, so a clip would saturate a non-finite block's NaN to
+3.4e38: the decode here saturates by comparisons, which a NaN fails (`_decode_values`), where
+`scales.apply_scale` keeps its clip. Triton also contracts a product and an addition into one
+FMA by default; the rule's products are exact where they feed an addition (quantize.py), and a
+decoded value (code times scale, inexact for an f32 scale) reaches the hop's addition through
+the saturation's selects, which no contraction crosses.
 """
 
 from __future__ import annotations
@@ -79,16 +82,19 @@ from ..elements import decode_elements
 from ..formats import Format
 from ..quantize import quantize_blocks, zero_subnormals
 from ..scales import scaled
+from ..wire import Message
 
-__all__ = ["FORMATS", "NUM_WARPS", "TILE_BLOCKS", "decode", "encode", "hop", "supports"]
+__all__ = ["FORMATS", "NUM_WARPS", "TILE_ROWS", "decode", "encode", "hop", "supports"]
 
 #: The formats these kernels code (`supports`): 8-bit and 4-bit elements, power-of-two blocks.
 FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "int8/f32", "fp8_e4m3/f32",
            "int4", "fp4_e2m1", "mxfp4", "int4/f32", "int4/b16")
-#: Blocks a grid step codes, at most (fewer where a message has fewer, a power of two).
-TILE_BLOCKS = 64
+#: Rows of a message a grid step codes, at most (fewer where a message has fewer: a power of
+#: two that divides them).
+TILE_ROWS = 32
 #: Warps (32 threads each) a grid step runs on.
-NUM_WARPS = 2
+NUM_WARPS = 4
+_SCALE_BITS = {"bfloat16": jnp.uint16, "float32": jnp.uint32, "e8m0": jnp.uint8}
 
 
 def supports(fmt: Format) -> str | None:
@@ -158,84 +164,98 @@ def _lowering_rules() -> None:
         rules[stack_p] = stack_rule
 
 
-# ---- the tile bodies -------------------------------------------------------------------------
+# ---- the tile code: what a grid step computes, on arrays --------------------------------------
+#
+# A tile is `[..., T, G, B]` values (T rows of G blocks) and its message `[..., G, PB, T]`,
+# `[..., G, T]`; a leading axis holds the tiles of several messages coded in one step.
 
 
-def _store_wire(fmt: Format, out_ref, payload: jax.Array, stored: jax.Array) -> None:
-    """Write a tile's rows: payload bytes, then the scale's bytes, little-endian, one column
-    each (a bf16 or f32 scale through its same-width integer bits)."""
-    pb = fmt.payload_bytes_per_block
-    out_ref[:, :pb] = payload
-    if fmt.scale_dtype == "e8m0":
-        out_ref[:, pb] = stored
-        return
-    uint = jnp.uint16 if fmt.scale_dtype == "bfloat16" else jnp.uint32
-    bits = lax.bitcast_convert_type(stored, uint).astype(jnp.uint32)
-    for i in range(fmt.scale_bytes):
-        out_ref[:, pb + i] = ((bits >> (8 * i)) & 0xFF).astype(jnp.uint8)
+def _encode_tile(x: jax.Array, fmt: Format) -> tuple[jax.Array, jax.Array]:
+    """Values `[..., T, G, B]` (f32) -> the tile's payload uint8 `[..., G, PB, T]` and scale
+    bits `[..., G, T]`: the blocks quantized where they lie, then the bytes transposed."""
+    payload, stored = quantize_blocks(x, fmt, None)  # [..., T, G, PB], [..., T, G]
+    if fmt.scale_dtype != "e8m0":
+        stored = lax.bitcast_convert_type(stored, _SCALE_BITS[fmt.scale_dtype])
+    return jnp.moveaxis(payload, -3, -1), jnp.swapaxes(stored, -1, -2)  # block r G + j: lane r
 
 
-def _decode_values(fmt: Format, payload: jax.Array, scale_bytes) -> jax.Array:
-    """A tile's payload `[tile, PB]` and its scale bytes (one `[tile]` column each) -> f32
-    values `[tile, block_size]`, `wire.decode`'s numerics: the scale read as f32 straight from
-    its bytes, then `scales.apply_scale`'s saturation by two comparisons, which a NaN fails
-    (its clip lowers to Triton's `minnumf` and `maxnumf`, which drop one). 4-bit codes unpack
-    through a broadcast (`from_wire=False`: Triton has no concatenation)."""
-    if fmt.scale_dtype == "e8m0":
-        scales = scale_bytes[0]
-    else:
-        bits = scale_bytes[0].astype(jnp.uint32)
-        for i, b in enumerate(scale_bytes[1:], 1):
-            bits = bits | b.astype(jnp.uint32) << (8 * i)
-        if fmt.scale_dtype == "bfloat16":
-            bits = bits << 16
+def _decode_values(fmt: Format, payload: jax.Array, bits: jax.Array) -> jax.Array:
+    """Payload `[..., PB]` and scale bits `[...]` (one block each) -> f32 values `[..., B]`,
+    `wire.decode`'s numerics: the scale read as f32 straight from its bits, then
+    `scales.apply_scale`'s saturation by two comparisons, which a NaN fails (its clip lowers
+    to Triton's `minnumf` and `maxnumf`, which drop one). 4-bit codes unpack through a
+    broadcast (`from_wire=False`: Triton has no concatenation)."""
+    if fmt.scale_dtype == "bfloat16":
+        scales = lax.bitcast_convert_type(bits.astype(jnp.uint32) << 16, jnp.float32)
+    elif fmt.scale_dtype == "float32":
         scales = lax.bitcast_convert_type(bits, jnp.float32)
+    else:  # the E8M0 byte, as stored
+        scales = bits
     out = scaled(decode_elements(payload, fmt, from_wire=False), scales, fmt)
     big = np.finfo(np.float32).max
     return jnp.where(out > big, big, jnp.where(out < -big, -big, out))
 
 
-def _load_wire(fmt: Format, wire_ref) -> jax.Array:
-    """A tile's rows -> f32 values `[tile, block_size]` (`_decode_values`)."""
-    pb = fmt.payload_bytes_per_block
-    return _decode_values(fmt, wire_ref[:, :pb],
-                          [wire_ref[:, pb + i] for i in range(fmt.scale_bytes)])
+def _decode_tile(payload: jax.Array, bits: jax.Array, fmt: Format) -> jax.Array:
+    """A tile's message, payload `[..., G, PB, T]` and scale bits `[..., G, T]` -> f32 values
+    `[..., T, G, B]`: the bytes transposed back, then decoded (`_decode_values`)."""
+    return _decode_values(fmt, jnp.moveaxis(payload, -1, -3), jnp.swapaxes(bits, -1, -2))
 
 
-def _encode_body(fmt, x_ref, out_ref):
-    _store_wire(fmt, out_ref, *quantize_blocks(x_ref[...].astype(jnp.float32), fmt, None))
+def _hop_tile(payload: jax.Array, bits: jax.Array, local: jax.Array,
+             fmt: Format) -> tuple[jax.Array, jax.Array]:
+    """One hop on a tile: `_encode_tile(_decode_tile(message) + local)`, the sum in f32 with a
+    subnormal local value read as a zero of its sign, as the collectives add it (execute.py;
+    a decoded value is never subnormal)."""
+    total = _decode_tile(payload, bits, fmt) + zero_subnormals(local.astype(jnp.float32))
+    return _encode_tile(total, fmt)
 
 
-def _decode_body(fmt, wire_ref, out_ref):
-    out_ref[...] = _load_wire(fmt, wire_ref).astype(out_ref.dtype)
+def _encode_body(fmt, x_ref, p_ref, s_ref):
+    p_ref[...], s_ref[...] = _encode_tile(x_ref[...].astype(jnp.float32), fmt)
 
 
-def _hop_body(fmt, wire_ref, local_ref, out_ref):
-    # a subnormal local value reads as a zero of its sign, as the collectives add it
-    # (execute.py); a decoded value is never subnormal
-    total = _load_wire(fmt, wire_ref) + zero_subnormals(local_ref[...].astype(jnp.float32))
-    _store_wire(fmt, out_ref, *quantize_blocks(total, fmt, None))
+def _decode_body(fmt, p_ref, s_ref, out_ref):
+    out_ref[...] = _decode_tile(p_ref[...], s_ref[...], fmt).astype(out_ref.dtype)
+
+
+def _hop_body(fmt, p_ref, s_ref, x_ref, po_ref, so_ref):
+    po_ref[...], so_ref[...] = _hop_tile(p_ref[...], s_ref[...], x_ref[...], fmt)
 
 
 # ---- the kernels -----------------------------------------------------------------------------
 
 
-def _tile(blocks: int) -> int:
-    """Blocks a grid step codes: the largest power of two dividing `blocks`, at most
-    TILE_BLOCKS (the grid then covers the message exactly)."""
-    return math.gcd(blocks, TILE_BLOCKS)
+def _tile(messages: int, rows: int) -> tuple[int, int]:
+    """(messages, rows) a grid step codes of `messages` messages of `rows` rows each: rows T,
+    the largest power of two dividing `rows`, at most `TILE_ROWS`; then as many messages as
+    divide `messages` and keep the step within `TILE_ROWS` rows (a power of two)."""
+    t = math.gcd(rows, TILE_ROWS)
+    return math.gcd(messages, TILE_ROWS // t), t
 
 
-def _call(body, fmt: Format, blocks: int, operands, out_cols: int, out_dtype, interpret):
-    tile = _tile(blocks)
+def _call(body, fmt: Format, messages: int, rows: int, operands, results, interpret):
+    """`body` over the grid of tiles of `messages` messages of `rows` rows. `operands` and
+    `results` are (kind, array or dtype) pairs, kind "values" (`[L, R, G, B]`), "payload"
+    (`[L, G, PB, R]`) or "scales" (`[L, G, R]`); returns the results."""
+    g, b, pb = fmt.blocks_per_row, fmt.block_size, fmt.payload_bytes_per_block
+    shapes = {"values": (messages, rows, g, b), "payload": (messages, g, pb, rows),
+              "scales": (messages, g, rows)}
+    if messages * rows == 0:
+        return [jnp.zeros(shapes[kind], dtype) for kind, dtype in results]
+    lt, t = _tile(messages, rows)
+    lb = lt if lt > 1 else None  # one message a step: its axis squeezed out of the tile
+    specs = {"values": pl.BlockSpec((lb, t, g, b), lambda i, j: (i, j, 0, 0)),
+             "payload": pl.BlockSpec((lb, g, pb, t), lambda i, j: (i, 0, 0, j)),
+             "scales": pl.BlockSpec((lb, g, t), lambda i, j: (i, 0, j))}
     _lowering_rules()
-    spec = lambda cols: pl.BlockSpec((tile, cols), lambda i: (i, 0))  # noqa: E731
     return pl.pallas_call(
-        functools.partial(body, fmt), grid=(blocks // tile,),
-        in_specs=[spec(op.shape[1]) for op in operands], out_specs=spec(out_cols),
-        out_shape=jax.ShapeDtypeStruct((blocks, out_cols), out_dtype),
+        functools.partial(body, fmt), grid=(messages // lt, rows // t),
+        in_specs=[specs[kind] for kind, _ in operands],
+        out_specs=[specs[kind] for kind, _ in results],
+        out_shape=[jax.ShapeDtypeStruct(shapes[kind], dtype) for kind, dtype in results],
         compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS),
-        interpret=_interpret(interpret))(*operands)
+        interpret=_interpret(interpret))(*(a.reshape(shapes[kind]) for kind, a in operands))
 
 
 def _interpret(interpret) -> bool:
@@ -245,59 +265,77 @@ def _interpret(interpret) -> bool:
     return bool(interpret)
 
 
-def _values(x, name: str, fmt: Format) -> tuple[jax.Array, int]:
+def _values(x, name: str, fmt: Format) -> tuple[jax.Array, tuple[int, ...], int]:
+    """Values `[..., m]`, checked: (x, its leading axes, its rows)."""
     x = array(x, name, floating=True)
-    if x.ndim < 1 or x.shape[-1] % fmt.block_size:
-        raise ValueError(f"{name} must be rows [..., n] of whole blocks of {fmt.block_size}, got "
-                         f"shape {list(x.shape)}")
-    return x, x.shape[-1]
+    if x.ndim < 1 or x.shape[-1] % fmt.row:
+        raise ValueError(f"{name} must be values [..., m] of whole rows of {fmt.row} ({fmt}), "
+                         f"got shape {list(x.shape)}")
+    return x, x.shape[:-1], x.shape[-1] // fmt.row
 
 
-def _wire(wire, fmt: Format, n: int, lead: tuple[int, ...] | None = None) -> jax.Array:
-    w = array(wire, "wire")
-    want = fmt.nbytes(n)
-    if w.dtype != jnp.uint8 or w.ndim < 1 or w.shape[-1] != want or (
-            lead is not None and w.shape[:-1] != lead):
-        shape = "[..., " if lead is None else f"[{', '.join(map(str, lead))}{', ' if lead else ''}"
-        raise ValueError(f"wire must be uint8 {shape}{want}] ({n} values of {fmt} a row), got "
-                         f"{w.dtype}{list(w.shape)}")
-    return w
+def _message(message, fmt: Format, rows: int, lead=None) -> tuple[Message, tuple[int, ...]]:
+    """A message of `rows` rows of `fmt` (leading axes `lead`, or any), checked: (it, its
+    leading axes)."""
+    g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
+    uint = jnp.dtype(_SCALE_BITS[fmt.scale_dtype]).name
+    axes = "..., " if lead is None else "".join(f"{a}, " for a in lead)
+    want = f"uint8 [{axes}{g * pb}, {rows}] and {uint}[{axes}{g}, {rows}] ({fmt})"
+    if not isinstance(message, Message) or message.scales is None:
+        raise TypeError(f"message must be an equarx_ref.wire.Message, {want}, got "
+                        f"{type(message).__name__}" + (" without scales" if isinstance(
+                            message, Message) else ""))
+    payload, scales = array(message.payload, "message.payload"), array(message.scales,
+                                                                         "message.scales")
+    here = payload.shape[:-2]
+    if payload.dtype != jnp.uint8 or payload.ndim < 2 or \
+            payload.shape[-2:] != (g * pb, rows) or scales.dtype != jnp.dtype(uint) or \
+            scales.shape != (*here, g, rows) or (lead is not None and here != tuple(lead)):
+        raise ValueError(f"message must be {want}, got {payload.dtype}{list(payload.shape)} "
+                         f"and {scales.dtype}{list(scales.shape)}")
+    return Message(payload, scales), here
 
 
-def encode(x, fmt: Format, *, interpret=None) -> jax.Array:
-    """Values `[..., n]` (n whole blocks) -> uint8 `[..., fmt.nbytes(n)]`: `wire.encode`'s
-    bytes (round to nearest). `interpret`: None runs natively on a GPU, interpreted elsewhere."""
+def encode(x, fmt: Format, *, interpret=None) -> Message:
+    """Values `[..., m]` (m whole rows of `fmt.row`) -> their message, payload uint8
+    `[..., G PB, R]` and scale bits `[..., G, R]`: `wire.encode`'s (round to nearest).
+    `interpret`: None runs natively on a GPU, interpreted elsewhere."""
     fmt = _format(fmt)
-    x, n = _values(x, "x", fmt)
-    blocks = x.size // fmt.block_size
-    out = _call(_encode_body, fmt, blocks, [x.reshape(blocks, fmt.block_size)],
-                fmt.bytes_per_block, jnp.uint8, interpret)
-    return out.reshape(*x.shape[:-1], fmt.nbytes(n))
+    x, lead, rows = _values(x, "x", fmt)
+    g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
+    payload, scales = _call(_encode_body, fmt, math.prod(lead), rows, [("values", x)],
+                            [("payload", jnp.uint8), ("scales", _SCALE_BITS[fmt.scale_dtype])],
+                            interpret)
+    return Message(payload.reshape(*lead, g * pb, rows), scales.reshape(*lead, g, rows))
 
 
-def decode(wire, fmt: Format, n: int, dtype="float32", *, interpret=None) -> jax.Array:
-    """uint8 `[..., fmt.nbytes(n)]` -> `dtype` `[..., n]`: `wire.decode` of each row."""
+def decode(message, fmt: Format, m: int, dtype="float32", *, interpret=None) -> jax.Array:
+    """A message of `m` values (payload `[..., G PB, R]`, scales `[..., G, R]`) -> `dtype`
+    `[..., m]`: `wire.decode`'s values."""
     fmt, dtype = _format(fmt), value_dtype(dtype)
-    count(n, "n")
-    if n % fmt.block_size:
-        raise ValueError(f"decode takes rows of whole blocks: {n} values is not a multiple of "
-                         f"block_size {fmt.block_size}")
-    w = _wire(wire, fmt, n)
-    blocks = w.size // fmt.bytes_per_block
-    out = _call(_decode_body, fmt, blocks, [w.reshape(blocks, fmt.bytes_per_block)],
-                fmt.block_size, dtype, interpret)
-    return out.reshape(*w.shape[:-1], n)
+    count(m, "m", minimum=0)
+    if m % fmt.row:
+        raise ValueError(f"a message of {fmt} is whole rows of {fmt.row} values: {m} values "
+                         f"is not")
+    message, lead = _message(message, fmt, m // fmt.row)
+    [out] = _call(_decode_body, fmt, math.prod(lead), m // fmt.row,
+                  [("payload", message.payload), ("scales", message.scales)],
+                  [("values", dtype)], interpret)
+    return out.reshape(*lead, m)
 
 
-def hop(wire, local, fmt: Format, *, interpret=None) -> jax.Array:
-    """One ring hop, `encode(decode(wire) + local)` with the sum in f32 (a subnormal local
-    value as a zero of its sign, as the collectives add it): wire uint8 `[..., fmt.nbytes(n)]`
-    and local `[..., n]` -> the next message, bitwise the XLA codec's."""
+def hop(message, local, fmt: Format, *, interpret=None) -> Message:
+    """One ring hop, `encode(decode(message) + local)` with the sum in f32 (a subnormal local
+    value as a zero of its sign, as the collectives add it): a message of R rows and local
+    values `[..., m]` (m = R rows of `fmt.row`, the same leading axes) -> the next message,
+    bitwise the XLA codec's."""
     fmt = _format(fmt)
-    local, n = _values(local, "local", fmt)
-    w = _wire(wire, fmt, n, local.shape[:-1])
-    blocks = local.size // fmt.block_size
-    out = _call(_hop_body, fmt, blocks, [w.reshape(blocks, fmt.bytes_per_block),
-                                         local.reshape(blocks, fmt.block_size)],
-                fmt.bytes_per_block, jnp.uint8, interpret)
-    return out.reshape(w.shape)
+    local, lead, rows = _values(local, "local", fmt)
+    message, _ = _message(message, fmt, rows, lead)
+    g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
+    payload, scales = _call(_hop_body, fmt, math.prod(lead), rows,
+                            [("payload", message.payload), ("scales", message.scales),
+                             ("values", local)],
+                            [("payload", jnp.uint8), ("scales", _SCALE_BITS[fmt.scale_dtype])],
+                            interpret)
+    return Message(payload.reshape(*lead, g * pb, rows), scales.reshape(*lead, g, rows))

@@ -51,11 +51,13 @@ KEY = 0
 @functools.cache
 def _codec(fmt: Format):
     """jit of both paths to the wire and back, and of stochastic rounding: (to_bytes(quantize),
-    encode, dequantize, to_bytes(quantize(key)), the uniforms it drew)."""
+    encode's message (of whole rows: the padded values), dequantize, to_bytes(quantize(key)),
+    the uniforms it drew)."""
     def run(x, padded):
         q, key = quantize(x, fmt), jax.random.key(KEY)
         uniforms = jax.random.uniform(key, padded.reshape(-1, fmt.block_size).shape)
-        return (to_bytes(q), encode(padded[None], fmt)[0], dequantize(q),
+        rows = jnp.pad(padded, (0, -padded.size % fmt.row))
+        return (to_bytes(q), tuple(encode(rows, fmt)), dequantize(q),
                 to_bytes(quantize(x, fmt, key=key)), uniforms)
     return jax.jit(run)
 
@@ -94,12 +96,13 @@ def check_format(name: str) -> dict:
     for cls in data.CLASSES:
         x = data.make(cls, fmt)
         want = spec.quantize_blocks(spec.to_blocks(x, fmt.block_size), fmt)
-        wire, fixed = spec.wire_bytes(want), spec.fixed_bytes(want)
+        wire, fixed = spec.canonical_bytes(want), spec.fixed_bytes(want)
         padded = jnp.asarray(spec.to_blocks(x, fmt.block_size).ravel())
-        got, encoded, values, rounded, u = (np.asarray(a) for a in
-                                            _codec(fmt)(jnp.asarray(x), padded))
-        stochastic = spec.wire_bytes(spec.quantize_blocks(spec.to_blocks(x, fmt.block_size),
-                                                          fmt, uniforms=u))
+        got, message, values, rounded, u = _codec(fmt)(jnp.asarray(x), padded)
+        got, values, rounded, u = (np.asarray(a) for a in (got, values, rounded, u))
+        encoded = _canonical(*message, fmt)[:wire.size]  # the blocks of x, not the row's pad
+        stochastic = spec.canonical_bytes(spec.quantize_blocks(
+            spec.to_blocks(x, fmt.block_size), fmt, uniforms=u))
         expect = want.values.ravel()[: x.size]
         finite = np.repeat(want.finite, fmt.block_size)[: x.size]
         if not np.array_equal(got[fixed], wire[fixed]):
@@ -115,38 +118,85 @@ def check_format(name: str) -> dict:
 
 
 def check_kernels(name: str, family: str = "mosaic") -> dict:
-    """The encode and decode kernels of the Mosaic codec (`family="mosaic"`) or the GPU codec
-    ("gpu") on one message of `name`, a row per data class (zero rows to a multiple of 8):
-    {class: None when bitwise the spec, else what differs first}."""
-    from ..kernels import codec, gpu
-
-    kernels = {"mosaic": codec, "gpu": gpu}[family]
+    """The encode and decode kernels of the Mosaic codec (`family="mosaic"`, natively on a
+    TPU, else in interpret mode) or the GPU codec ("gpu", `_check_gpu_kernels`) on a message
+    per data class: {class: None when bitwise the spec, else what differs first}."""
+    if family == "gpu":
+        return _check_gpu_kernels(name)
+    if family != "mosaic":
+        raise ValueError(f"family must be 'mosaic' or 'gpu', got {family!r}")
+    from ..kernels import codec
+    from ..wire import Message
 
     fmt = Format.parse(name)
+    rows = 16  # rows of 128 values a class: the kernels' smallest tile
     xs = [spec.to_blocks(data.make(cls, fmt), fmt.block_size).ravel() for cls in data.CLASSES]
-    m = max(x.size for x in xs)
-    rows = np.zeros((-(-len(xs) // codec.TILE_ROWS) * codec.TILE_ROWS, m), np.float32)
+    values_in = np.zeros((len(xs), rows * 128), np.float32)
     for i, x in enumerate(xs):
-        rows[i, :x.size] = x
-    qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in rows]
-    want = np.stack([spec.wire_bytes(q) for q in qs])
-    got = np.asarray(jax.jit(functools.partial(kernels.encode, fmt=fmt))(jnp.asarray(rows)))
-    values = np.asarray(jax.jit(lambda w: kernels.decode(w, fmt, m))(jnp.asarray(want)))
+        values_in[i, :x.size] = x
+    qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in values_in]
+    messages = [spec.message(q, fmt) for q in qs]
+    stacked = Message(jnp.asarray(np.stack([p for p, _ in messages])),
+                      jnp.asarray(np.stack([s for _, s in messages])))
+    encoded = jax.jit(lambda v: codec.encode(v, fmt, count=len(xs), stacked=True))(
+        jnp.asarray(values_in.reshape(-1, 128)))
+    values = np.asarray(jax.jit(lambda w: codec.decode(w, fmt))(stacked)).reshape(len(xs), -1)
     out = {}
     for i, cls in enumerate(data.CLASSES):
         fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
+        want = spec.canonical_bytes(qs[i])
+        got = _canonical(encoded.payload[i], encoded.scales[i], fmt)
         finite = np.repeat(qs[i].finite, fmt.block_size)
-        if not np.array_equal(got[i][fixed], want[i][fixed]):
-            out[cls] = {"path": f"{kernels.__name__.removeprefix('equarx_ref.')}.encode",
-                        **_first_block(fmt, rows[i], want[i], got[i], fixed)}
+        if not np.array_equal(got[fixed], want[fixed]):
+            out[cls] = {"path": "kernels.codec.encode",
+                        **_first_block(fmt, values_in[i], want, got, fixed)}
         else:
-            out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
-                                      f"{kernels.__name__.removeprefix('equarx_ref.')}.decode")
+            out[cls] = _values_differ(fmt, values_in[i], expect, values[i], finite,
+                                      "kernels.codec.decode")
     return out
 
 
 def _case_name(algorithm: str, name: str, p: int, impl: str) -> str:
     return f"{algorithm} {name} p={p}" + (f" ({impl})" if impl != "xla" else "")
+
+
+def _canonical(payload, scales, fmt) -> np.ndarray:
+    """A message's canonical bytes (spec/wire.py): block after block, payload then scale."""
+    blocks, bits = spec.from_message(np.asarray(payload), np.asarray(scales), fmt)
+    return np.concatenate([blocks, spec.scale_bytes(bits)], axis=1).ravel()
+
+
+def _check_gpu_kernels(name: str) -> dict:
+    """`check_kernels` for the GPU codec (`kernels.gpu`): a message of whole rows per data
+    class, encoded and decoded as one batch; a difference named in canonical bytes."""
+    from ..kernels import gpu
+    from ..wire import Message
+
+    fmt = Format.parse(name)
+    xs = [spec.to_blocks(data.make(cls, fmt), fmt.block_size).ravel() for cls in data.CLASSES]
+    m = -(-max(x.size for x in xs) // fmt.row) * fmt.row
+    rows = np.zeros((len(xs), m), np.float32)
+    for i, x in enumerate(xs):
+        rows[i, :x.size] = x
+    qs = [spec.quantize_blocks(spec.to_blocks(r, fmt.block_size), fmt) for r in rows]
+    messages = [spec.message(q, fmt) for q in qs]
+    message = Message(jnp.asarray(np.stack([p for p, _ in messages])),
+                      jnp.asarray(np.stack([s for _, s in messages])))
+    encoded = jax.jit(functools.partial(gpu.encode, fmt=fmt))(jnp.asarray(rows))
+    values = np.asarray(jax.jit(lambda w: gpu.decode(w, fmt, m))(message))
+    out = {}
+    for i, cls in enumerate(data.CLASSES):
+        fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
+        want = spec.canonical_bytes(qs[i])
+        got = _canonical(encoded.payload[i], encoded.scales[i], fmt)
+        finite = np.repeat(qs[i].finite, fmt.block_size)
+        if not np.array_equal(got[fixed], want[fixed]):
+            out[cls] = {"path": "kernels.gpu.encode",
+                        **_first_block(fmt, rows[i], want, got, fixed)}
+        else:
+            out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
+                                      "kernels.gpu.decode")
+    return out
 
 
 def check_all_reduce(devices, progress=None) -> dict:
@@ -181,8 +231,8 @@ def check(devices, formats=CHECK_FORMATS, progress=None) -> dict:
     {case: None | diff}, "equal"}. `progress(message)`, if given, hears of each part (a
     format's data classes, a codec's kernels for one format, an all_reduce case) as it
     starts."""
-    from ..kernels.codec import FORMATS as KERNEL_FORMATS
     from ..kernels.gpu import FORMATS as GPU_FORMATS
+    from ..kernels.tiles import supports
 
     def told(message: str, run):
         if progress:
@@ -197,7 +247,7 @@ def check(devices, formats=CHECK_FORMATS, progress=None) -> dict:
                           for name in formats},
               "kernels": {name: told(f"{name}: the Mosaic codec's kernels",
                                      lambda name=name: check_kernels(name))
-                          for name in formats if name in KERNEL_FORMATS},
+                          for name in formats if supports(Format.parse(name))},
               "gpu_kernels": {name: told(f"{name}: the GPU codec's kernels",
                                          lambda name=name: check_kernels(name, "gpu"))
                               for name in formats if name in GPU_FORMATS},
