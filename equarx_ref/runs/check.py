@@ -162,8 +162,8 @@ def _case_name(algorithm: str, name: str, p: int, impl: str) -> str:
 
 def _canonical(payload, scales, fmt) -> np.ndarray:
     """A message's canonical bytes (spec/wire.py): block after block, payload then scale."""
-    blocks, bits = spec.from_message(np.asarray(payload), np.asarray(scales), fmt)
-    return np.concatenate([blocks, spec.scale_bytes(bits)], axis=1).ravel()
+    blocks, stored = spec.from_message(np.asarray(payload), np.asarray(scales), fmt)
+    return np.concatenate([blocks, spec.scale_bytes(stored)], axis=1).ravel()
 
 
 def _check_gpu_kernels(name: str) -> dict:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import ELEMENTS
+from .formats import ELEMENTS, SCALE_TYPES
 from .quantize import SpecQuantized
 
 #: Values in a row of a message when the block size divides it: one 128-lane vector row.
@@ -98,7 +98,8 @@ def message(q: SpecQuantized, fmt) -> tuple[np.ndarray, np.ndarray]:
 
 
 def from_message(payload: np.ndarray, scales: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of `message`: (block payloads uint8 [blocks, PB], scale bits [blocks])."""
+    """Inverse of `message`: (block payloads uint8 [blocks, PB], stored scales [blocks]: bf16 /
+    f32 values or E8M0 bytes, as `quantize_blocks` stores them)."""
     g, pb = blocks_per_row(fmt.block_size), payload_bytes(fmt)
     payload, scales = np.asarray(payload), np.asarray(scales)
     if payload.ndim != 2 or payload.shape[0] != g * pb or payload.dtype != np.uint8:
@@ -110,7 +111,9 @@ def from_message(payload: np.ndarray, scales: np.ndarray, fmt) -> tuple[np.ndarr
         raise ValueError(f"its scales are {np.dtype(SCALE_BITS[fmt.scale_dtype]).name}"
                          f"{list(want)}, got {scales.dtype}{list(scales.shape)}")
     blocks = payload.reshape(g, pb, rows).transpose(2, 0, 1).reshape(rows * g, pb)
-    return np.ascontiguousarray(blocks), np.ascontiguousarray(scales.T).reshape(-1)
+    bits = np.ascontiguousarray(scales.T).reshape(-1)
+    stored = bits if fmt.scale_dtype == "e8m0" else bits.view(SCALE_TYPES[fmt.scale_dtype][0])
+    return np.ascontiguousarray(blocks), stored
 
 
 def canonical_bytes(q: SpecQuantized) -> np.ndarray:
