@@ -36,6 +36,7 @@ INT4 = types.SimpleNamespace(name="int4", block_size=8, scale_dtype="bfloat16") 
 BLOCKS = np.linspace(-1, 1, 4 * 32, dtype=np.float32).reshape(4, 32)
 Q = spec.quantize_blocks(BLOCKS, INT8)
 G, _ = spec.grid("int8")
+MESSAGE = spec.message(Q, eq.Format.int8())
 RING4 = eq.make_schedule("ring", (4,))
 ROWS = np.linspace(-1, 1, 4 * 100, dtype=np.float32).reshape(4, 100)
 
@@ -78,7 +79,14 @@ CALLS = {
     "quantize.to_blocks": (quantize.to_blocks, {"x": ROWS, "block_size": 32}),
     "quantize.round_trip": (quantize.round_trip, {"x": BLOCKS.ravel(), "fmt": INT8}),
     "wire.scale_bytes": (wire.scale_bytes, {"stored": Q.scales}),
-    "wire.wire_bytes": (wire.wire_bytes, {"q": Q}),
+    "wire.canonical_bytes": (wire.canonical_bytes, {"q": Q}),
+    "wire.blocks_per_row": (wire.blocks_per_row, {"block_size": 32}),
+    "wire.row_values": (wire.row_values, {"fmt": INT8}),
+    "wire.payload_bytes": (wire.payload_bytes, {"fmt": INT8}),
+    "wire.scale_bits": (wire.scale_bits, {"stored": Q.scales, "fmt": INT8}),
+    "wire.message": (wire.message, {"q": Q, "fmt": INT8}),
+    "wire.from_message": (wire.from_message, {"payload": MESSAGE[0], "scales": MESSAGE[1],
+                                              "fmt": INT8}),
     "wire.fixed_bytes": (wire.fixed_bytes, {"q": Q}),
     "sums.all_reduce": (sums.all_reduce, {"x": ROWS, "schedule": RING4, "fmt": INT8}),
     "sums.check_schedule": (sums.check_schedule, {"schedule": RING4}),
@@ -140,7 +148,17 @@ BAD = {
     ("quantize.round_trip", "fmt"): _FORMAT,
     ("wire.scale_bytes", "stored"): [None, "abc", Q.scales[None], Q.scales.astype(np.float64),
                                      np.float32(1)],
-    **{(f"wire.{f}", "q"): [None, BLOCKS, "q", Q.payload] for f in ("canonical_bytes", "fixed_bytes")},
+    **{(f"wire.{f}", "q"): [None, BLOCKS, "q", Q.payload]
+       for f in ("canonical_bytes", "fixed_bytes", "message")},
+    **{(f"wire.{f}", "fmt"): _FORMAT
+       for f in ("row_values", "payload_bytes", "scale_bits", "message", "from_message")},
+    ("wire.blocks_per_row", "block_size"): [0, -32, 2.5, "32", True, None, 1 << 17],
+    ("wire.scale_bits", "stored"): [None, Q.scales[None], Q.scales.astype(np.float32),
+                                    Q.scales.view(np.uint16)],
+    ("wire.from_message", "payload"): [None, MESSAGE[0][:-1], MESSAGE[0].astype(np.int8),
+                                       MESSAGE[0].ravel()],
+    ("wire.from_message", "scales"): [None, MESSAGE[1][:, :0], MESSAGE[1].view(np.int16),
+                                      MESSAGE[1].T],
     ("sums.all_reduce", "x"): [*_FLOATS, np.float32(1), np.ones((8, 100), np.float32),
                                np.ones((2, 100), np.float32)],
     ("sums.all_reduce", "fmt"): _FORMAT[1:],  # None is the unquantized sum

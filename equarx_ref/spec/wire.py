@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import ELEMENTS, SCALE_TYPES
+from . import _checks
+from .formats import ELEMENTS, SCALE_TYPES, check_format
 from .quantize import SpecQuantized
 
 #: Values in a row of a message when the block size divides it: one 128-lane vector row.
@@ -41,16 +42,19 @@ SCALE_BITS = {"bfloat16": np.uint16, "float32": np.uint32, "e8m0": np.uint8}
 
 def blocks_per_row(block_size: int) -> int:
     """G: blocks in a row of a message, 128 / B when B divides 128, else 1."""
+    block_size = _checks.count(block_size, "block_size", maximum=_checks.MAX_BLOCK_SIZE)
     return ROW // block_size if ROW % block_size == 0 else 1
 
 
 def row_values(fmt) -> int:
     """Values in one row of a message of `fmt` (128, or the block size)."""
+    check_format(fmt)
     return blocks_per_row(fmt.block_size) * fmt.block_size
 
 
 def payload_bytes(fmt) -> int:
     """PB: payload bytes of one block."""
+    check_format(fmt)
     return fmt.block_size * ELEMENTS[fmt.name][1] // 8
 #: The scales a block can store, as `quantize_blocks` stores them: their dtype names.
 SCALE_STORAGE = ("bfloat16", "float32", "uint8")
@@ -81,16 +85,26 @@ def _quantized(q) -> SpecQuantized:
 def scale_bits(stored: np.ndarray, fmt) -> np.ndarray:
     """Stored scales (bf16 / f32 values, or E8M0 bytes) as the unsigned integers a message
     carries."""
+    check_format(fmt)
+    stored = np.asarray(stored)
+    want = "uint8" if fmt.scale_dtype == "e8m0" else fmt.scale_dtype
+    if stored.ndim != 1 or stored.dtype.name != want:
+        raise TypeError(f"stored must be [blocks] of {want}, the scales of {fmt.name}/"
+                        f"{fmt.scale_dtype}, got {stored.dtype} {stored.shape}")
     return np.ascontiguousarray(stored).view(SCALE_BITS[fmt.scale_dtype])
 
 
 def message(q: SpecQuantized, fmt) -> tuple[np.ndarray, np.ndarray]:
     """The message of quantized blocks: (payload uint8 [G PB, R], scales [G, R])."""
     q = _quantized(q)
+    check_format(fmt)
     blocks = len(q.payload)
     g, pb = blocks_per_row(fmt.block_size), payload_bytes(fmt)
+    if q.payload.shape[1] != pb:
+        raise ValueError(f"q must be blocks of {fmt.name}/b{fmt.block_size}, {pb} payload "
+                         f"bytes each, got {q.payload.shape[1]}")
     if blocks % g:
-        raise ValueError(f"a message is whole rows of {g} blocks: {blocks} blocks is not")
+        raise ValueError(f"q must be whole rows of {g} blocks to make a message, got {blocks}")
     rows = blocks // g
     payload = q.payload.reshape(rows, g, pb).transpose(1, 2, 0).reshape(g * pb, rows)
     scales = scale_bits(q.scales, fmt).reshape(rows, g).T
@@ -100,7 +114,7 @@ def message(q: SpecQuantized, fmt) -> tuple[np.ndarray, np.ndarray]:
 def from_message(payload: np.ndarray, scales: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of `message`: (block payloads uint8 [blocks, PB], stored scales [blocks]: bf16 /
     f32 values or E8M0 bytes, as `quantize_blocks` stores them)."""
-    g, pb = blocks_per_row(fmt.block_size), payload_bytes(fmt)
+    g, pb = blocks_per_row(check_format(fmt).block_size), payload_bytes(fmt)
     payload, scales = np.asarray(payload), np.asarray(scales)
     if payload.ndim != 2 or payload.shape[0] != g * pb or payload.dtype != np.uint8:
         raise ValueError(f"a message payload of {fmt.name}/b{fmt.block_size} is uint8 "
