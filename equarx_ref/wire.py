@@ -242,7 +242,7 @@ class Codec:
         for a in range(2, count):
             if count % a == 0 and order == [(c % a) * (count // a) + c // a
                                             for c in range(count)]:
-                grid = jax.tree.map(lambda x: jnp.swapaxes(
+                grid = jax.tree.map(lambda x, a=a: jnp.swapaxes(
                     x.reshape(a, count // a, *x.shape[1:]), 0, 1).reshape(x.shape), message)
                 return self.decode(grid, m, dtype)
         index = jnp.asarray(order, jnp.int32)

@@ -83,7 +83,8 @@ SPEC_WITHOUT_JAX = textwrap.dedent("""
     fmt = types.SimpleNamespace(name="int8", block_size=32, scale_dtype="bfloat16")
     x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
     q = spec.quantize_blocks(spec.to_blocks(x[0], fmt.block_size), fmt)
-    assert spec.canonical_bytes(q).size == 4 * 34, spec.canonical_bytes(q).size  # 4 blocks of 32 + 2
+    size = spec.canonical_bytes(q).size
+    assert size == 4 * 34, size  # 4 blocks of 32 bytes and a 2-byte scale
 
     # one-shot over 4 devices as plain data: one all-gather, each device sums every message
     step = types.SimpleNamespace(time=0, phase="reduce", kind="all_gather", transfers=())

@@ -41,6 +41,10 @@ COMMANDS = {
     # needs libtpu (jax[tpu] of the jax under test): its compilers, run from a CPU machine
     "tpu.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --read-back --jobs 2 "
                  "--json equarx_ref/data/tpu.json"),
+    # libtpu's static schedule of the codec's kernels and the AllReduces (runs/tpu_schedule.py):
+    # the time model prices the kernels' passes with it (models/cost.py, Chip.codec_price)
+    "tpu-schedule.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only none --schedule "
+                          "--json equarx_ref/data/tpu-schedule.json"),
     # the same compilers' bytes accessed by the codec and the AllReduces (runs/tpu_bytes.py)
     "tpu-bytes.json": ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only none --bytes 1 "
                        "--json equarx_ref/data/tpu-bytes.json"),

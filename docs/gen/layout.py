@@ -21,7 +21,8 @@ CORE = ("formats", "elements", "scales", "quantize", "wire", "schedule", "execut
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above.
 LAYERS = (
-    (("spec",), "the spec: NumPy and ml_dtypes only, importing nothing of the package"),
+    (("spec", "data"), "the spec: NumPy and ml_dtypes only; the stored results: JSON. Neither "
+     "imports anything of the package"),
     (("formats", "devices", "_checks", "_jax_private"), "the element grids and formats; the mesh"),
     (("elements", "scales"), "element codes and their packing; block scales, exactly"),
     (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
@@ -32,7 +33,7 @@ LAYERS = (
      "a schedule executed; all_reduce and AllReduce; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
-    (("runs", "viz", "data"), "what each command runs; every figure; stored results"),
+    (("runs", "viz"), "what each command runs; every figure"),
     (("multihost",), "the same runs as several processes over real links"),
     (("cli",), "the command line: parse, call one function, print"),
 )

@@ -12,7 +12,9 @@ line rewritten, a docstring or a comment edited, a function moved from one produ
 another. So it is taken over code, not files: every top-level statement of every module in the
 closure, parsed, with docstrings, import statements and `__all__` removed, dumped without line
 numbers and hashed; the sorted statement hashes are hashed again. Renaming a function, or
-changing a line of code, changes it.
+changing a line of code, changes it. A module that reads a stored result as it runs (the time
+model reads the codec's stored cycles: `READS`) adds that result's hash, so what it made goes
+stale with the record as with code.
 
 `stale(name)` compares a file's stamp with the code of this checkout; tests/test_provenance.py
 fails for a stale file, naming the command that remakes it.
@@ -49,7 +51,12 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     "multihost-loopback": ("equarx_ref.multihost.launcher", "equarx_ref.multihost.worker"),
     "tpu": ("equarx_ref.runs.tpu_matrix",),
     "tpu-bytes": ("equarx_ref.runs.tpu_matrix", "equarx_ref.runs.tpu_bytes"),
+    "tpu-schedule": ("equarx_ref.runs.tpu_matrix", "equarx_ref.runs.tpu_schedule"),
 }
+
+#: The stored results a module reads as it runs (`data.load`): a result made with it depends on
+#: them as on code, so their results join its digest.
+READS: dict[str, tuple[str, ...]] = {"equarx_ref.models.cost": ("tpu-schedule",)}
 
 
 def _path(module: str) -> Path:
@@ -157,9 +164,13 @@ def _statements(module: str) -> list[str]:
     return out
 
 
-def digest(mods: list[str]) -> str:
-    """sha256 over the code of `mods` (module essay), independent of paths and order."""
+def digest(mods: list[str], own: str = "") -> str:
+    """sha256 over the code of `mods` (module essay), independent of paths and order, and
+    over the stored results they read (`READS`) but `own`, the result being stamped."""
     hashes = sorted(h for m in mods for h in _statements(m))
+    hashes += sorted(hashlib.sha256(json.dumps(json.loads(path(name).read_text(
+        encoding="utf-8"))["result"], sort_keys=True).encode()).hexdigest()
+        for name in {n for m in mods for n in READS.get(m, ())} - {own})
     return "sha256:" + hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
@@ -174,7 +185,7 @@ def stamp(name: str, command: str, result) -> dict:
     mods = modules(name)
     return {"name": name, "command": command,
             "made_with": {"jax": jax.__version__, "python": platform.python_version()},
-            "sources": {"modules": mods, "digest": digest(mods)},
+            "sources": {"modules": mods, "digest": digest(mods, name)},
             "result": result}
 
 
@@ -186,7 +197,7 @@ def stale(name: str) -> str | None:
     """Why the stored result `name` is older than its code, or None when it is not."""
     envelope = json.loads(path(name).read_text(encoding="utf-8"))
     mods = modules(name)
-    now = digest(mods)
+    now = digest(mods, name)
     if envelope["sources"]["digest"] == now:
         return None
     was, now_mods = set(envelope["sources"]["modules"]), set(mods)

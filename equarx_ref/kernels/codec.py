@@ -43,13 +43,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._checks import array, count as checked_count, value_dtype
+from .._checks import array, value_dtype
+from .._checks import count as checked_count
 from ..formats import Format
 from ..wire import Message, message_shapes
 from . import backend, tiles
 
-__all__ = ["ROWS", "VMEM_LIMIT", "checked_format", "decode", "encode", "hop", "reduce",
-           "tile_rows", "takes"]
+__all__ = ["ROWS", "VMEM_LIMIT", "checked_format", "decode", "encode", "hop", "reduce", "takes",
+           "tile_rows"]
 
 #: Rows (lanes of the message) a grid step codes, where the message has that many: 8 tiles of
 #: 128, enough independent work for the scheduler to fill the bundles (libtpu's schedule of

@@ -181,7 +181,7 @@ class MosaicCodec(Codec):
         message, one of their lanes side by side or a stack. With `into` (`(out, i)`: a
         stack, or a count of chunks for a new one whose others are unset), the result is
         written over out's messages i .. i + count, in place, and out returned."""
-        m, r, o = self._placed(source.shape, count, window)
+        _, r, o = self._placed(source.shape, count, window)
         flat = message.payload.ndim == 2
         return codec.hop(message, source.reshape(-1, 128), self.fmt,
                          count=count if flat else None, first_row=(start, r, o), stride=r,
@@ -192,7 +192,7 @@ class MosaicCodec(Codec):
         each written over its chunk's rows `window` of `out`: an array `[chunks, R, 128]`, in
         place, or a `jax.ShapeDtypeStruct` for a new one, whose other rows are then unset (a
         pipeline's later pieces fill them). Needs `places(out.shape, window)`."""
-        m, r, o = self._placed(out.shape, 1, window)
+        _, r, o = self._placed(out.shape, 1, window)
         target = out.reshape(-1, 128) if isinstance(out, jax.Array) else \
             math.prod(out.shape[:2])
         got = codec.decode(message, self.fmt, jnp.dtype(dtype), order=order,

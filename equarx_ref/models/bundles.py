@@ -162,7 +162,7 @@ def parse_listing(text: str, name: str = "") -> Listing:
                 defs[spill.group(1)] = spill.group(2)  # a slot's first store: the start
     loops = []
     exits: dict[str, tuple[str, str, int]] = {}
-    for i, (flag, ops, _) in enumerate(bundles):
+    for i, (_, ops, _) in enumerate(bundles):
         for e in _EXIT.finditer(ops):
             exits[e.group(1)] = (e.group(3), e.group(2), int(e.group(4)))
         for b in _BRANCH.finditer(ops):

@@ -22,13 +22,11 @@ Phases, for n values over p chips on a ring with wraparound (a torus axis), chun
     all-to-all      (two-shot) floor(p^2 / 4) / 2 chunks cross the busiest link direction;
                     each owner sums the p messages of its chunk, its own included, as sent.
 
-So the memory passes are the spec's (`spec.sums`), each array read or written once per pass.
-Along one ring axis, with a format, the HBM bytes of every phase together are what the Mosaic
-codec's kernels move (XLA:TPU reads their declared bytes back, `runs/tpu_readback.py`: the
-int8 ring at 16 MiB of bf16 per chip on v5e, 59,179,008 bytes either way, and so for every
-format, schedule and depth it reads back). On a 2D torus every hop is priced as a fused one
-on bf16 chunks; the executor's first hop along the second axis reads the first axis's sums
-in f32, a little more than that.
+So the memory passes are the spec's (`spec.sums`), each array read or written once per pass:
+along one ring axis, with a format, the fewest bytes the Mosaic codec's kernels can move (the
+TPU tier holds XLA:TPU's own count of the program's bytes to them, runs/tpu_bytes.py). On a 2D
+torus every hop is priced as a fused one on bf16 chunks; the executor's first hop along the
+second axis reads the first axis's sums in f32, a little more than that.
 
 Pipelining cuts each chunk into k pieces (`num_chunks`). With q and m the compute and link
 time of one piece on one hop, S hops take
@@ -47,9 +45,9 @@ Each phase names the collective primitive that carries it (`PRIMITIVES`): a ring
 a one-way permute (the bidirectional ring's a two-way one), two-shot's exchange an all-to-all,
 and every gather an all-gather. A `Chip` may price each at its own rate
 (`primitive_bandwidth`): the same bytes cost a network stack different times through different
-primitives (in the stored multi-host runs, on capped links, gloo carried an all-to-all at
-72-83% of a one-way permute's rate, a two-way permute or an all-gather at 93-98%), so the
-multi-host benchmark times each; a primitive without its own rate runs at `link_bandwidth`.
+primitives (on capped links gloo carries an all-to-all markedly slower than a one-way
+permute: the stored multi-host runs), so the multi-host benchmark times each; a primitive
+without its own rate runs at `link_bandwidth`.
 
 A process that gets its memory from the operating system pays for it too: glibc's malloc serves
 a request of `FRESH_BYTES` (32 MiB) or more with fresh pages and hands them back when freed, so
@@ -57,10 +55,19 @@ a CPU program whose result is that large touches new pages on every call, at a r
 a pass over warm memory. A `Chip` with a `fresh_bandwidth` prices that first touch for the
 AllReduce's result (n values of the input dtype); the TPU presets leave it at None.
 
+A pass is not always bound by its bytes: finding each block's maximum and rounding exactly
+is vector work. On v5e and v6e the model prices each pass of the codec's kernels at the larger
+of its bytes' HBM time and its kernel's static cycles as libtpu scheduled them
+(`Chip.codec_price`, read from the stored record data/tpu-schedule.json: a roofline per
+kernel, encode, hop, decode or reduce, per format); a format or chip the record lacks is
+priced by bytes alone. These are the Mosaic codec's kernels (`impl="mosaic"`), the path to run
+on a TPU; the XLA path's fusions cost more, and the read-back records their cycles beside
+their bytes (runs/tpu_readback.py).
+
 What the model leaves out: contention from other traffic, the real DMA engines and their
-descriptors, XLA's own fusion choices, and the VPU work of absmax and rounding beyond a memory
-pass. Its TPU figures are modelled, not measured; `Chip` also takes measured figures (the
-multi-host benchmark builds one from its links) so the same formulas can be held against a run.
+descriptors, XLA's own fusion choices. Its TPU figures are modelled, not measured; `Chip` also
+takes measured figures (the multi-host benchmark builds one from its links) so the same
+formulas can be held against a run.
 
 Chip figures: jax-ml/scaling-book, "How to Scale Your Model", part 2 (TPUs): HBM bandwidth and
 bf16 FLOP/s per chip, ICI bandwidth per link one way; pod shapes from the same table. The per-hop
@@ -73,6 +80,7 @@ import dataclasses
 import functools
 import math
 
+from .. import data
 from .._checks import count, number, value_dtype
 from ..formats import Format
 from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
@@ -118,6 +126,11 @@ class Chip:
         mxus: matrix units per chip, and `mxu_width` their width (128 x 128, 256 x 256): with
             `peak_flops` they give the clock (`clock_hz`) a static bundle schedule is priced
             at (models/bundles.py). 0: not known.
+        schedule: the chip whose stored static schedule prices the codec's kernels
+            (`codec_price`; "" for none): each (de)quantizing pass of a format the TPU tier
+            read back costs the larger of its bytes' HBM time and its kernel's bundles at the
+            clock, as libtpu scheduled them (data/tpu-schedule.json). The v5e and v6e presets
+            name themselves; a format or chip without stored cycles is priced by bytes alone.
         primitive_bandwidth: bytes/s sent per device through each collective primitive that
             was timed on its own, as (primitive, bytes/s) pairs (a dict is taken too), the
             primitives those of `PRIMITIVES`; a phase whose primitive has no rate here runs at
@@ -138,9 +151,10 @@ class Chip:
     primitive_bandwidth: tuple[tuple[str, float], ...] = ()
     mxus: int = 0
     mxu_width: int = 0
+    schedule: str = ""
 
     def __post_init__(self):
-        for field in ("name", "source"):
+        for field in ("name", "source", "schedule"):
             if not isinstance(getattr(self, field), str):
                 raise TypeError(f"Chip.{field} must be a string, got {getattr(self, field)!r}")
         for field in ("link_bandwidth", "hbm_bandwidth", "peak_flops", "hop_latency",
@@ -175,6 +189,14 @@ class Chip:
             raise ValueError(f"{self.name}: no MXU figures, so no clock to price cycles at")
         return self.peak_flops / (self.mxus * self.mxu_width ** 2 * 2)
 
+    def codec_price(self, fmt: Format | None, kernel: str) -> float:
+        """How many times its bytes' HBM time one pass of the codec's `kernel` ("encode",
+        "hop", "decode", "reduce") costs for `fmt` on this chip: its static cycles at the clock
+        over that time, at least 1 (bytes bound) and 1 where nothing is stored."""
+        if fmt is None or not self.schedule:
+            return 1.0
+        return max(1.0, _stored_codec(self.schedule).get((fmt, kernel), 1.0))
+
     def bandwidth(self, primitive: str) -> float:
         """Bytes/s of `primitive`: its own rate if measured, else `link_bandwidth`."""
         return dict(self.primitive_bandwidth).get(primitive, self.link_bandwidth)
@@ -184,6 +206,15 @@ class Chip:
 #: free): its dynamic mmap threshold rises with what is freed, but never above 32 MiB on a
 #: 64-bit machine (DEFAULT_MMAP_THRESHOLD_MAX).
 FRESH_BYTES = 32 << 20
+
+@functools.cache
+def _stored_codec(chip: str) -> dict:
+    """(format, kernel) -> compute time over fewest bytes' HBM time, from the stored static
+    schedule of `chip` (the TPU tier: `equarx-ref kernels --compile ... --schedule`)."""
+    rows = data.load("tpu-schedule")["schedule"]["codec"]
+    return {(Format.parse(r["format"]), r["kernel"]): r["ratio"] for r in rows
+            if r["topology"].split(":")[0] == chip}
+
 
 #: The collective primitives that carry the phases (`Phase.primitive`).
 PRIMITIVES = ("permute", "two_way_permute", "all_to_all", "all_gather")
@@ -202,17 +233,20 @@ _BOOK = "jax-ml/scaling-book, How to Scale Your Model, part 2 (TPUs), tables of 
 _HOP = "hop latency ~1 us: an estimate (scaling-book part 3)"
 _MXU = ("MXUs per chip: Google Cloud's TPU pages and jax's Pallas `TpuInfo` (v5e 4 of 128 x "
         "128; v6e 2 of 256 x 256; v4 and v5p 2 TensorCores of 4 of 128 x 128)")
+_CYCLES = "codec passes: libtpu's static schedule of the kernels (data/tpu-schedule.json)"
 CHIPS = {
     # name: ICI one way per link, hop latency, HBM bandwidth, bf16 FLOP/s; links; pod shape;
     # MXUs and their width (the clock: `Chip.clock_hz`)
     "v4": Chip("TPU v4", 4.5e10, 1e-6, 1.2e12, 2.75e14, 6, (16, 16, 16),
                f"{_BOOK}; {_HOP}; {_MXU}", mxus=8, mxu_width=128),
     "v5e": Chip("TPU v5e", 5e10, 1e-6, 8.1e11, 1.97e14, 4, (16, 16),
-                f"{_BOOK}; {_HOP}; {_MXU}", mxus=4, mxu_width=128),
+                f"{_BOOK}; {_HOP}; {_MXU}; {_CYCLES}", mxus=4, mxu_width=128,
+                schedule="v5e"),
     "v5p": Chip("TPU v5p", 1e11, 1e-6, 2.8e12, 4.59e14, 6, (16, 20, 28),
                 f"{_BOOK}; {_HOP}; {_MXU}", mxus=8, mxu_width=128),
     "v6e": Chip("TPU v6e", 1e11, 1e-6, 1.6e12, 9.2e14, 4, (16, 16),
-                f"{_BOOK}; {_HOP}; {_MXU}", mxus=2, mxu_width=256),
+                f"{_BOOK}; {_HOP}; {_MXU}; {_CYCLES}", mxus=2, mxu_width=256,
+                schedule="v6e"),
 }
 
 
@@ -233,6 +267,9 @@ class Phase:
             network link carries when there is only one (`Chip.links == 1`). Summed over the
             phases' hops it is `wire_bytes`.
         primitive: the collective that carries its hops (`PRIMITIVES`).
+        kernels: which codec kernel runs which part of `hbm_bytes`, as (kernel, bytes)
+            pairs (a ring's hop runs the hop kernel on most of them and the first encode on
+            the rest): each part is priced at `Chip.codec_price`.
     """
 
     name: str
@@ -243,6 +280,7 @@ class Phase:
     quantizes: float = 0
     sent_bytes: float = 0.0
     primitive: str = "permute"
+    kernels: tuple[tuple[str, float], ...] = ()
 
 
 def as_chip(chip) -> Chip:
@@ -274,7 +312,6 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     if n == 0 or total == 1:
         return []
     shape = tuple(q for q in shape if q > 1)  # an axis of one device has no hops, no passes
-    enc_all = encoded_bytes(n, fmt, dtype)
     quantized = int(fmt is not None)
     out: list[Phase] = []
     if algorithm in RING_FAMILY:
@@ -291,11 +328,12 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         for i, q in enumerate(shape):
             lead //= q
             enc = encoded_bytes(chunk * lead, fmt, dtype)
-            out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc,
-                             d * (2 * enc + chunk * lead * itemsize) + (i == 0) * first / (q - 1),
+            hop, encode = d * (2 * enc + chunk * lead * itemsize), (i == 0) * first / (q - 1)
+            out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc, hop + encode,
                              pipelined=True, quantizes=quantized * d * (2 + (i == 0) / (q - 1)),
                              sent_bytes=d * enc,
-                             primitive="two_way_permute" if d == 2 else "permute"))
+                             primitive="two_way_permute" if d == 2 else "permute",
+                             kernels=(("hop", hop), ("encode", encode))))
         lead = 1
         for i, q in enumerate(reversed(shape)):  # gathers run back, decoding as chunks come
             hops = primitive_hops("all_gather", q)
@@ -305,7 +343,7 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
             out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
                              pipelined=True, quantizes=quantized * (1 + (i == 0) / hops),
                              sent_bytes=arriving,
-                             primitive="all_gather"))
+                             primitive="all_gather", kernels=(("decode", decode),)))
             lead *= q
         return out
     (p,) = shape
@@ -314,33 +352,42 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
         enc = encoded_bytes(chunk, fmt, dtype)
         per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
         hops = primitive_hops("all_gather", p)
-        out += [Phase("encode", 0, 0.0, n * itemsize + p * enc, quantizes=quantized),
+        encode, reduce, decode = n * itemsize + p * enc, p * enc + enc, p * enc + n * itemsize
+        out += [Phase("encode", 0, 0.0, encode, quantizes=quantized,
+                      kernels=(("encode", encode),)),
                 Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
                       sent_bytes=(p - 1) * enc / (p // 2), primitive="all_to_all"),
-                Phase("sum and re-encode", 0, 0.0, p * enc + enc,
-                      quantizes=2 * quantized),
+                Phase("sum and re-encode", 0, 0.0, reduce, quantizes=2 * quantized,
+                      kernels=(("reduce", reduce),)),
                 Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
                       sent_bytes=(p - 1) * enc / hops, primitive="all_gather"),
-                Phase("decode", 0, 0.0, p * enc + n * itemsize, quantizes=quantized)]
+                Phase("decode", 0, 0.0, decode, quantizes=quantized,
+                      kernels=(("decode", decode),))]
         return out
-    # one_shot: every input to everyone, summed everywhere
+    # one_shot: every input to everyone (a message of whole rows), summed everywhere
+    enc_all = encoded_bytes(layout(n, 1, fmt.row if fmt else 1, 1)[0], fmt, dtype)
     hops = primitive_hops("all_gather", p)
-    out += [Phase("encode", 0, 0.0, n * itemsize + enc_all, quantizes=quantized),
+    encode, reduce = n * itemsize + enc_all, p * enc_all + n * itemsize
+    out += [Phase("encode", 0, 0.0, encode, quantizes=quantized, kernels=(("encode", encode),)),
             Phase("all-gather", hops, (p - 1) * enc_all / 2 / hops, 0.0,
                   sent_bytes=(p - 1) * enc_all / hops, primitive="all_gather"),
-            Phase("decode and sum", 0, 0.0, p * enc_all + n * itemsize, quantizes=quantized)]
+            Phase("decode and sum", 0, 0.0, reduce, quantizes=quantized,
+                  kernels=(("reduce", reduce),))]
     return out
 
 
-def _phase_time(ph: Phase, chip: Chip, k: int) -> float:
+def _phase_time(ph: Phase, chip: Chip, k: int, fmt: Format | None) -> float:
     fixed = ph.quantizes * chip.quantize_overhead
     memory = chip.codec_bandwidth if ph.quantizes and chip.codec_bandwidth else chip.hbm_bandwidth
+    # the codec's kernels at their stored cycles where the chip has them (Chip.codec_price)
+    priced = ph.hbm_bytes + sum(b * (chip.codec_price(fmt, kernel) - 1)
+                                for kernel, b in ph.kernels if ph.quantizes)
     if ph.hops == 0:
-        return ph.hbm_bytes / memory + fixed
+        return priced / memory + fixed
     k = k if ph.pipelined else 1
     per_hop = ph.sent_bytes if chip.links == 1 else ph.link_bytes
     m = chip.hop_latency + per_hop / k / chip.bandwidth(ph.primitive)
-    q = ph.hbm_bytes / k / memory + fixed
+    q = priced / k / memory + fixed
     s = ph.hops
     return max(s * k * max(q, m) + min(q, m), s * (q + m))
 
@@ -379,7 +426,7 @@ def predicted_time(n: int, p, *, fmt: Format | None, algorithm: str, chip,
     result = n * value_dtype(dtype).itemsize  # the AllReduce's output: fresh pages if large
     fresh = result / c.fresh_bandwidth if steps and c.fresh_bandwidth and result >= FRESH_BYTES \
         else 0.0
-    return sum(_phase_time(ph, c, num_chunks) for ph in steps) + fresh
+    return sum(_phase_time(ph, c, num_chunks, fmt) for ph in steps) + fresh
 
 
 def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,

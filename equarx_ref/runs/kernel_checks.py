@@ -7,8 +7,9 @@ reported as None). `check(..., sabotage="capacity")` runs the deliberately broke
 race count must not be 0.
 
 `measure_hop(...)`, on a TPU only, times the Mosaic codec's hop kernel against the same hop
-compiled by XLA and puts both beside the chip's HBM bandwidth: a hop reads the message and the local values
-and writes the next message, (2 bits_per_element / 8 + local itemsize) bytes per value, so
+compiled by XLA and puts both beside the chip's HBM bandwidth: a hop reads the message and the
+local values and writes the next message, (2 bits_per_element / 8 + local itemsize) bytes per
+value, so
 
     GB/s = bytes moved / seconds,        fraction of HBM = GB/s / chip.hbm_bandwidth.
 

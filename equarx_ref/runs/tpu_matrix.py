@@ -25,6 +25,7 @@ import jax
 import equarx_ref as eq
 
 from .._checks import count
+from . import tpu_schedule
 from .tpu_bytes import byte_ratios, format_byte_ratios
 from .tpu_compile import (
     LibtpuMissing,
@@ -36,7 +37,7 @@ from .tpu_compile import (
     source_digest,
     tpu_devices,
 )
-from .tpu_readback import format_read_back, read_back
+from .tpu_readback import AT_SCALE, AT_SCALE_N, format_read_back, read_back
 
 __all__ = ["CODEC_FORMATS", "FAMILIES", "FORMATS", "SCALE_TOPOLOGY", "CompileResult",
            "compile_matrix", "format_table", "run"]
@@ -236,8 +237,6 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
     line on stderr saying which)."""
     import sys
 
-    from . import tpu_schedule
-
     out = out or sys.stdout
     if schedule or read_back_too or bytes_mib is not None:  # bundle listings: before it loads
         tpu_schedule.enable_dump()
@@ -272,9 +271,12 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
         report["bytes"] = byte_ratios(topologies, mib=bytes_mib, progress=progress)
         print(format_byte_ratios(report["bytes"]), file=out)
     if schedule:
-        report["schedule"] = tpu_schedule.schedule_record(
-            topologies, all_reduce_topologies=tuple(t for t in topologies
-                                                    if t == SCALE_TOPOLOGY),
-            progress=progress)
-        print(tpu_schedule.format_schedule(report["schedule"]), file=out)
+        start = time.perf_counter()
+        record = tpu_schedule.schedule_record(topologies, progress=progress)
+        record["all_reduce"] = [row for t in topologies if t == SCALE_TOPOLOGY
+                                for row in read_back(t, n=AT_SCALE_N, cases=AT_SCALE,
+                                                     progress=progress)]
+        record["seconds"] = time.perf_counter() - start
+        report["schedule"] = record
+        print(tpu_schedule.format_schedule(record), file=out)
     return (0 if all(r.ok for r in results) else 1), report

@@ -28,7 +28,8 @@ takes a cycle per row), a Pallas `x + 1` and XLA's own `x + 1` fusion at or unde
 time. Then the codec's kernels (`codec_rows`: encode, decode, hop and two-shot's reduce of
 each format, 16 MiB of bf16 on one chip) are priced against the HBM time of their fewest bytes,
 and the AllReduces (16 MiB per chip over 8 chips, `tpu_readback.AT_SCALE`) are read back
-whole (`tpu_readback.read_back`, which reads the cycles wherever the listings are dumped):
+whole (`tpu_readback.read_back`, which reads the cycles with these functions wherever the
+listings are dumped; `equarx-ref kernels --schedule` adds them to the record):
 their static compute beside the time model's, and the model re-priced with every kernel's and
 fusion's roofline (`tpu_readback.priced_time`). The figures are stored in
 equarx_ref/data/tpu-schedule.json (`equarx-ref kernels --schedule`); the TPU tier of the tests
@@ -44,7 +45,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
 import equarx_ref as eq
 
@@ -52,7 +52,6 @@ from ..models.bundles import ProgramSchedule, read_dump
 from ..models.cost import as_chip
 from ..models.hlo_memory import op_bytes
 from .tpu_compile import (
-    compile_all_reduce,
     compile_on_chip,
     prepare_environment,
     tpu_devices,
@@ -208,15 +207,14 @@ def codec_rows(topology: str, *, formats=CODEC_FORMATS, kernels=CODEC_KERNELS, n
     return rows
 
 
-def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=("v5e:2x4",),
-                    n: int = N, formats=CODEC_FORMATS,
+def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, n: int = N,
+                    formats=CODEC_FORMATS,
                     progress: Callable[[str], None] | None = None) -> dict:
-    """Everything this module reads, as the JSON record equarx_ref/data/tpu-schedule.json
-    holds: the yardsticks and the codec's kernels on each topology, the AllReduces on
-    `all_reduce_topologies`; each chip's clock and HBM bandwidth, and the libtpu that made
-    them."""
+    """The yardsticks and the codec's kernels on each topology, each chip's clock and HBM
+    bandwidth and the libtpu that made them: the JSON record equarx_ref/data/tpu-schedule.json
+    holds (`equarx-ref kernels --schedule` adds the AllReduces read back at scale under
+    "all_reduce", tpu_matrix.py)."""
     from .tpu_compile import libtpu_version
-    from .tpu_readback import AT_SCALE, read_back
 
     prepare_environment(topologies[0])
     start = time.perf_counter()
@@ -228,8 +226,6 @@ def schedule_record(topologies=("v5e:2x4", "v6e:2x4"), *, all_reduce_topologies=
         "yardsticks": [r for t in topologies for r in yardsticks(t, n=n)],
         "codec": [r for t in topologies for r in codec_rows(t, formats=formats, n=n,
                                                             progress=progress)],
-        "all_reduce": [r for t in all_reduce_topologies
-                       for r in read_back(t, n=n, cases=AT_SCALE, progress=progress)],
     }
     record["seconds"] = time.perf_counter() - start
     return record
