@@ -41,6 +41,8 @@ PRIVATE_JAX = (
      ("jax._src.pallas.triton.lowering:triton_lowering_rules",)),
     ("kernels.gpu._lowering_rules: a lowering rule from a jax function",
      ("jax._src.pallas.triton.lowering:lower_fun",)),
+    ("kernels.backend.result_type: the abstract array a kernel's HBM result wraps",
+     ("jax._src.core:ShapedArray",)),
     ("kernels.backend: TPU interpret mode's race detector state",
      ("jax._src.pallas.mosaic.interpret.interpret_pallas_call:races",
       "jax._src.pallas.mosaic.interpret:races")),

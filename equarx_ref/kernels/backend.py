@@ -27,6 +27,8 @@ import io
 import logging
 
 import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._jax_private import private
@@ -161,15 +163,21 @@ def varying(x: jax.Array) -> frozenset:
     return frozenset(getattr(aval, "vma", ()) or ())
 
 
-def result_type(shape, dtype, varying: frozenset) -> jax.ShapeDtypeStruct:
+def result_type(shape, dtype, varying: frozenset, *, in_hbm: bool = False):
     """A kernel's output type for shard_map's check_vma: varying over `varying` only (jax
-    0.10 says `manual_axis_type`, earlier versions `vma`)."""
+    0.10 says `manual_axis_type`, earlier versions `vma`). `in_hbm`: the result is placed in
+    HBM (a `pl.MemoryRef`), where XLA:TPU would otherwise keep a large result in VMEM and copy
+    it out after the kernel, a second pass over it."""
     params = inspect.signature(jax.ShapeDtypeStruct).parameters
     if "manual_axis_type" in params:
         from jax.sharding import ManualAxisType
 
-        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(
-            varying=varying))
-    if "vma" in params:
-        return jax.ShapeDtypeStruct(shape, dtype, vma=varying)
-    return jax.ShapeDtypeStruct(shape, dtype)
+        kind = {"manual_axis_type": ManualAxisType(varying=varying)}
+    elif "vma" in params:
+        kind = {"vma": varying}
+    else:
+        kind = {}
+    shaped = private("jax._src.core:ShapedArray", None) if in_hbm else None
+    if shaped is None:
+        return jax.ShapeDtypeStruct(shape, dtype, **kind)
+    return pl.MemoryRef(shaped(shape, jnp.dtype(dtype), **kind), pltpu.HBM)

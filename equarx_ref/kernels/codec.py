@@ -237,12 +237,12 @@ def _call(body, fmt: Format, t: int, count: int, rows: int, *, values=None, mess
         sum(lanes_read * a.shape[-2] * a.dtype.itemsize for m in messages for a in m) + \
         (sum(a.shape[0] * a.shape[1] * rows * a.dtype.itemsize for a in stack)
          if stack is not None else 0) + \
-        sum(lanes_read * (sh[0] if result == "message" else 128) * jnp.dtype(d).itemsize
+        sum(lanes_read * (sh[-2] if result == "message" else 128) * jnp.dtype(d).itemsize
             for sh, d in zip(shapes, dtypes, strict=True))
     out = pl.pallas_call(
         body, **specs, input_output_aliases=aliases,
-        out_shape=[backend.result_type(s, d, varying) for s, d in zip(shapes, dtypes,
-                                                                        strict=True)],
+        out_shape=[backend.result_type(s, d, varying, in_hbm=result != "message")
+                   for s, d in zip(shapes, dtypes, strict=True)],
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT),
         cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=moved),
         interpret=backend.interpret_params(interpret))(*prefetched, *operands, *written)

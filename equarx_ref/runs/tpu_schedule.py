@@ -160,7 +160,7 @@ def yardsticks(topology: str, *, n: int = N) -> list[dict]:
     return rows
 
 
-def _codec_program(kernel: str, fmt, n: int, p: int = 8):
+def codec_program(kernel: str, fmt, n: int, p: int = 8):
     """(function, argument shapes, fewest bytes) of one of the codec's kernels at n values."""
     from equarx_ref.kernels import codec
 
@@ -197,7 +197,7 @@ def codec_rows(topology: str, *, formats=CODEC_FORMATS, kernels=CODEC_KERNELS, n
             if progress:
                 progress(f"{topology} schedule: {kernel} {name}")
             values = n // 8 if kernel == "reduce" else n
-            fn, args, fewest = _codec_program(kernel, fmt, values)
+            fn, args, fewest = codec_program(kernel, fmt, values)
             _, schedule = _program(topology, fn, args)
             cycles = schedule.cycles()
             compute, hbm = cycles / chip.clock_hz, fewest / chip.hbm_bandwidth
