@@ -9,10 +9,10 @@ operations (XLA:CPU converts fp8 slowly, and fp4 has no XLA type at all).
 Codes are packed into a block's payload: 4-bit elements two per byte, element i of a block in
 the low nibble of byte i and element i + B/2 in its high nibble; 8-bit ones a byte each; other
 widths one little-endian bit stream per block, element i in bits [i N, (i + 1) N). How a
-block's payload and scale travel as one uint8 buffer is in wire.py.
+block's payload and scale travel, as a message of two lane-dense operands, is in wire.py.
 
-The code is written for Mosaic too, which compiles it inside a Pallas TPU kernel
-(kernels/hop.py): 32-bit shifts, no 8-bit ones; iotas rather than captured array constants;
+The code is written for Mosaic too, which compiles it inside the Pallas TPU kernels (through
+kernels/tiles.py): 32-bit shifts, no 8-bit ones; iotas rather than captured array constants;
 reshapes that keep the block axis. One packing path serves every width (`pack_codes`).
 The two ways to unpack nibbles, and why `dequantize` and `decode` each take their own, are
 XLA:CPU speed (`decode_elements`).

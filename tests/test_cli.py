@@ -251,11 +251,12 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
 def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     """The Mosaic codec's kernels are checked too: with one bit of the encode kernel's output
     flipped, or the decode kernel's values negated, the check fails and names the kernel."""
-    from equarx_ref.kernels import codec
+    from equarx_ref.kernels import codec, tiles
+    from equarx_ref.wire import Message
 
-    def flipped(codec_, tile, x_ref, out_ref):
-        buf = codec_.encode(x_ref[...].reshape(tile))
-        out_ref[...] = buf.at[..., 3].set(buf[..., 3] ^ 1)
+    def flipped(fmt, x_ref, p_ref, s_ref):  # one bit of the payload's first byte row
+        m = tiles.encode(x_ref[...], fmt)
+        p_ref[...], s_ref[...] = m.payload.at[0].set(m.payload[0] ^ 1), m.scales
 
     monkeypatch.setattr(codec, "_encode_body", flipped)
     assert cli.main(["check"]) == 1
@@ -264,8 +265,8 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     assert any(ln.split()[:5] == ["kernels", "int8", "0", "of", "12"] for ln in text.splitlines())
     monkeypatch.undo()
 
-    def negated(codec_, tile, dtype, wire_ref, out_ref):  # -0.0 for +0.0 too: bits, not ==
-        out_ref[...] = -codec_.decode(wire_ref[...], tile[1], dtype).reshape(out_ref.shape)
+    def negated(fmt, dtype, p_ref, s_ref, o_ref):  # -0.0 for +0.0 too: bits, not ==
+        o_ref[...] = -tiles.decode(Message(p_ref[...], s_ref[...]), fmt, dtype)
 
     monkeypatch.setattr(codec, "_decode_body", negated)
     assert cli.main(["check"]) == 1
@@ -278,11 +279,13 @@ def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
     bit of the encode kernel's payload flipped, the check fails and names the kernel."""
     from equarx_ref.kernels import gpu
 
-    def flipped(fmt, x_ref, out_ref):
-        payload, stored = gpu.quantize_blocks(x_ref[...].astype(jnp.float32), fmt, None)
-        gpu._store_wire(fmt, out_ref, payload ^ 1, stored)
+    real = gpu._encode_tile
 
-    monkeypatch.setattr(gpu, "_encode_body", flipped)
+    def flipped(x, fmt):
+        payload, bits = real(x, fmt)
+        return payload ^ 1, bits
+
+    monkeypatch.setattr(gpu, "_encode_tile", flipped)
     assert cli.main(["check"]) == 1
     text = capsys.readouterr().out
     assert "first difference: gpu kernels int8, gaussian, by kernels.gpu.encode" in text, text

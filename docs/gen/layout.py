@@ -28,7 +28,7 @@ LAYERS = (
     (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
     (("models", "remedies", "autodiff"),
      "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
-    (("kernels",), "the Pallas TPU ring, fused hop and Mosaic codec"),
+    (("kernels",), "the Pallas TPU ring, the Mosaic codec and the GPU codec"),
     (("execute", "collectives", "rules"),
      "a schedule executed; all_reduce and AllReduce; their argument rules"),
     (("outliers",), "static int4 with outlier features, calibrated"),

@@ -56,7 +56,8 @@ def _modelled() -> str:
     r = next(r for r in report["rows"] if r["message_bytes"] == MODEL_MESSAGE)
     prefill = report["prefill"]
     return (f"- **Time, modelled** for TPU {report['chip']} ({report['devices']} chips, "
-            f"`{report['algorithm']}`; public chip figures, not a measurement): int8 "
+            f"`{report['algorithm']}`; public chip figures and libtpu's static schedule of the "
+            "codec's kernels, not a measurement): int8 "
             f"{r['int8_speedup']:.2f}x and int4 {r['int4_speedup']:.2f}x faster than bf16 at "
             f"{_mib(MODEL_MESSAGE)}; " + " / ".join(p["model"] for p in prefill) +
             f" prefill at TP = {prefill[0]['tp']}: " +
@@ -87,7 +88,7 @@ def _compiled() -> str:
     return (f"- **What compiles for TPU {chips}**, from a CPU machine: libtpu " +
             record["libtpu"] + " (jax " + record["jax"] + "), deviceless: " +
             " and ".join(f"{ok[t]} of {every[t]} programs for {t}" for t in every) + " compile" +
-            " (the collectives in every format, the Pallas ring, fused hop and codec kernels, "
+            " (the collectives in every format, the Pallas ring and the codec kernels, "
             "Gemma 3's forward; "
             "`equarx_ref/data/tpu.json`).\n")
 
