@@ -249,10 +249,6 @@ class Codec:
         return self.decode(jax.tree.map(lambda x: jnp.take(x, index, axis=0), message), m,
                            dtype)
 
-    def nbytes(self, m: int) -> int:
-        """Bytes a message of `m` values carries."""
-        return encoded_bytes(m, self.fmt, self.dtype)
-
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
     #: the Mosaic codec (`kernels.mosaic_codec.MosaicCodec`) takes the input's own dtype instead.
     reads_raw = False

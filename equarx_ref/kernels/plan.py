@@ -16,7 +16,7 @@ import dataclasses
 from .._checks import count
 from ..formats import Format
 from ..schedule import RING_FAMILY, layout, make_schedule
-from ..wire import Codec
+from ..wire import Codec, encoded_bytes
 
 __all__ = ["RingPlan", "plan_ring"]
 
@@ -125,4 +125,5 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
     lanes = ((0, +1),) if algorithm == "ring" else ((0, +1), (p, -1))
     return RingPlan(p, n, sched.chunk_count, length, pieces,
-                    tuple(codec.nbytes(size) for _, size in pieces), lanes, len(pieces) + 1)
+                    tuple(encoded_bytes(size, fmt, dtype) for _, size in pieces), lanes,
+                    len(pieces) + 1)
