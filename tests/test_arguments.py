@@ -114,17 +114,10 @@ CALLS = {
 # ---- the lazily loaded subpackages: `<subpackage>.<name>` ------------------------------------
 
 PLAN = kernels.plan_ring(256, 4, fmt=INT8)
-LOCAL = np.linspace(-1, 1, 8 * 32, dtype=np.float32).reshape(8, 32)
 
 
 def _ring_all_reduce(x, axis_name, **kw):
     return _on_4_devices(lambda: kernels.ring_all_reduce(x, axis_name, **kw))
-
-
-def _wire() -> np.ndarray:
-    """8 messages of 32 int8 values, as the kernel receives them."""
-    return np.asarray(kernels.hop_reference(np.zeros((8, INT8.nbytes(32)), np.uint8), LOCAL,
-                                            INT8))
 
 
 CALLS.update({
@@ -132,12 +125,6 @@ CALLS.update({
                           {"n": 256, "p": 4, "fmt": INT8, "algorithm": "ring"}),
     "kernels.ring_all_reduce": (_ring_all_reduce, kernels.ring_all_reduce,
                                 {"x": X, "axis_name": "tp", "fmt": INT8}),
-    "kernels.fused_hop": (kernels.fused_hop, kernels.fused_hop,
-                          {"wire": _wire(), "local": LOCAL, "fmt": INT8}),
-    "kernels.hop_reference": (kernels.hop_reference, kernels.hop_reference,
-                              {"wire": _wire(), "local": LOCAL, "fmt": INT8}),
-    "kernels.wire_codec": (kernels.wire_codec, kernels.wire_codec,
-                           {"fmt": INT8, "dtype": "float32"}),
     "kernels.interpret_params": (kernels.interpret_params, kernels.interpret_params, {}),
     "kernels.race_detecting": (kernels.race_detecting, kernels.race_detecting, {}),
     "kernels.on_tpu": (kernels.on_tpu, kernels.on_tpu, {}),
@@ -333,12 +320,6 @@ ARGUMENTS = {
         ("x", "float array"), ("axis_name", "one axis name"), ("fmt", "format or None"),
         ("algorithm", "kernel algorithm"), ("num_chunks", "count"), ("interpret", "interpret"),
         ("sabotage", "sabotage")]},
-    **{(f"kernels.{f}", a): c for f in ["fused_hop", "hop_reference"] for a, c in [
-        ("wire", "wire bytes"), ("local", "local values"), ("fmt", "format")]},
-    ("kernels.fused_hop", "block_rows"): "block rows", ("kernels.fused_hop", "interpret"):
-        "interpret",
-    ("kernels.wire_codec", "fmt"): "format or None", ("kernels.wire_codec", "dtype"):
-        "value dtype",
     ("kernels.interpret_params", "interpret"): "interpret",
     ("kernels.kernel_timeline", "plan"): "ring plan",
     ("kernels.kernel_timeline", "device"): "plan device",
@@ -463,10 +444,6 @@ CLASSES = {
     "one axis name": [None, 5, "", ("tp", "tp"), "nosuch", [], b"tp", ("tp",)],
     "interpret": ["yes", 5, 1.0, "interpret"],
     "sabotage": ["nosuch", "", 5, True],
-    "wire bytes": [None, "abc", LOCAL, np.zeros((8, 7), np.uint8), np.zeros(8, np.uint8),
-                   np.zeros((4, INT8.nbytes(32)), np.uint8)],
-    "local values": [None, "abc", np.ones((8, 32), np.int32), LOCAL[:, :16], LOCAL[0]],
-    "block rows": [0, -8, 3, 2.5, "8", True],
     "ring plan": [None, 5, "plan", {"p": 4}],
     "plan device": [-1, 4, 2.5, "0", True, None],
     "plan lane": [-1, 1, 2.5, "0", True, None],

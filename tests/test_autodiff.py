@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref.autodiff import InvariantInputWarning
+from equarx_ref.models.predict import quantizing_saves_bytes
 
 AX = "x"
 INT8 = eq.Format.int8()
@@ -36,8 +37,10 @@ def smap(f, out=None, check_vma=True):
                                  check_vma=check_vma))
 
 
-X = jax.random.normal(jax.random.key(0), (8, 200))
-W = jax.random.normal(jax.random.key(1), (200,))
+#: 1024 values a device: long enough that the default size gate sends int8 for every
+#: algorithm (chunks are whole rows of 128 values; `test_the_data_goes_quantized`)
+X = jax.random.normal(jax.random.key(0), (8, 1024))
+W = jax.random.normal(jax.random.key(1), (1024,))
 
 
 def rel(a, b):
@@ -45,6 +48,15 @@ def rel(a, b):
 
 
 CASES = [(a, f) for a in ALGORITHMS for f in (None, INT8)] + [("psum", None)]
+
+
+def test_the_data_goes_quantized():
+    """The tests below check what int8 does to derivatives: the default size gate must send
+    X (and W, a cotangent) quantized for every algorithm, on 8 devices and on vmap's 4."""
+    for algorithm in ALGORITHMS:
+        for p in (8, 4):
+            assert quantizing_saves_bytes(X.shape[1], p, fmt=INT8, algorithm=algorithm,
+                                          dtype="float32"), (algorithm, p)
 
 
 @pytest.mark.parametrize("check_vma", [True, False])
@@ -124,14 +136,14 @@ def test_pytree_is_one_buffer_or_buckets_and_keeps_dtypes():
 
     got = run()
     assert jax.tree.map(lambda x: (x.shape, x.dtype), got) == {
-        "a": ((5, 10), jnp.float32), "b": (((70,), jnp.bfloat16), ((80,), jnp.float32))}
+        "a": ((5, 10), jnp.float32), "b": (((70,), jnp.bfloat16), ((904,), jnp.float32))}
     # one buffer: the f32 concatenation, quantized as one message (bf16 leaf widened exactly)
     one = smap(lambda v: ar(jnp.concatenate([v[0, :50], v[0, 50:120].astype(jnp.bfloat16)
                                              .astype(jnp.float32), v[0, 120:]]), fmt=INT8))(X)
     np.testing.assert_array_equal(np.asarray(got["a"]).reshape(-1), np.asarray(one[:50]))
     np.testing.assert_array_equal(np.asarray(got["b"][1]), np.asarray(one[120:]))
     assert rel(flat, X.sum(0)) < 0.02
-    # buckets of at most 300 bytes (75 f32): the leaves of 50, 70 and 80 values go alone
+    # buckets of at most 300 bytes (75 f32): the leaves of 50, 70 and 904 values go alone
     buckets = run(bucket_bytes=300)
     alone = smap(lambda v: ar(v[0, 120:], fmt=INT8))(X)
     np.testing.assert_array_equal(np.asarray(buckets["b"][1]), np.asarray(alone))
@@ -148,13 +160,13 @@ def test_bucket_and_dtype_bytes_match_the_hlo():
         return sum(eq.hlo_wire_bytes(f.lower(*args).compile().as_text(), 8).values())
 
     n = 1344
-    assert hlo(fmt=INT8) == eq.wire_bytes(n, 8, fmt=INT8, algorithm="ring")
+    assert hlo(fmt=INT8) == eq.wire_bytes(n, 8, fmt=INT8, algorithm="ring", dtype="float32")
     assert hlo(fmt=None, dtype=jnp.bfloat16) == eq.wire_bytes(n, 8, fmt=None, algorithm="ring",
                                                               dtype="bfloat16")
     assert hlo(fmt=None) == eq.wire_bytes(n, 8, fmt=None, algorithm="ring", dtype="float32")
     # buckets of <= 2000 bytes: {a, b} (1376 bytes) then {c} (4000 bytes alone)
     assert hlo(fmt=INT8, bucket_bytes=2000) == sum(
-        eq.wire_bytes(m, 8, fmt=INT8, algorithm="ring") for m in (344, 1000))
+        eq.wire_bytes(m, 8, fmt=INT8, algorithm="ring", dtype="float32") for m in (344, 1000))
 
 
 def test_the_trap_is_caught_and_the_tell_reads_sqrt_p():

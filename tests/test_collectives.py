@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import spec as ref
+from equarx_ref.models.predict import quantizing_saves_bytes
 
 INT8 = eq.Format.int8()
 QUANTIZED = ["ring", "bidir_ring", "two_shot", "one_shot"]
@@ -280,7 +281,7 @@ def test_wire_bytes_equal_compiled_hlo(algorithm, fmt, num_chunks):
     hlo = _compiled((8,), algorithm, fmt, num_chunks, (n,), jnp.bfloat16).as_text()
     counted = eq.hlo_wire_bytes(hlo, 8)
     model = eq.wire_bytes(n, 8, fmt=fmt, algorithm=algorithm, dtype="bfloat16",
-                          num_chunks=num_chunks)
+                          num_chunks=num_chunks, min_bytes=0)  # as compiled: no size gate
     assert sum(counted.values()) == model, counted
     assert "all-reduce" not in counted  # no hidden psum
 
@@ -381,7 +382,11 @@ def test_all_reduce_object_is_all_reduce(config, shape):
     axis = mesh.axis_names if len(shape) == 2 else mesh.axis_names[0]
     f = jax.jit(jax.shard_map(lambda v: config(v[0], axis), mesh=mesh, in_specs=P(axis),
                               out_specs=P(), check_vma=True))
-    x = gaussian(int(np.prod(shape)), 256, seed=13)
+    x = gaussian(int(np.prod(shape)), 1024, seed=13)  # long enough to go quantized (the gate)
+    if config.fmt is not None:
+        assert quantizing_saves_bytes(1024, shape if len(shape) > 1 else shape[0],
+                                      fmt=config.fmt, algorithm=config.algorithm,
+                                      num_chunks=config.num_chunks, dtype="float32")
     np.testing.assert_array_equal(np.asarray(f(x)), run(x, config.algorithm, fmt=config.fmt,
                                                         num_chunks=config.num_chunks,
                                                         shape=shape))
@@ -420,7 +425,8 @@ def test_an_all_reduce_object_is_a_static_value_as_an_ordinary_jit_argument():
         return jax.shard_map(lambda v: collective(v[0], "tp"), mesh=mesh, in_specs=P("tp"),
                              out_specs=P())(x)
 
-    x = gaussian(8, 256)
+    x = gaussian(8, 1024)  # long enough to go quantized (the size gate)
+    assert quantizing_saves_bytes(1024, 8, fmt=INT8, algorithm="two_shot", dtype="float32")
     config = eq.AllReduce(INT8, "two_shot", dtype="float32")
     assert jax.tree.leaves(config) == []
     np.testing.assert_array_equal(np.asarray(total(config, x)),
@@ -443,22 +449,20 @@ def _gated_run(x, monkeypatch, device_kind, **kw):
                                         .values())
 
 
-@pytest.mark.parametrize("n,quantized", [(256, True), (4, False)])
+@pytest.mark.parametrize("n,quantized", [(640, True), (256, False), (4, False)])
 def test_default_size_gate_reads_the_message_never_the_chip(monkeypatch, n, quantized):
     """min_bytes=None: quantize only when that sends fewer bytes, whatever the platform. The
-    issue's case: an int8 ring of 256 bf16 values per device on 8 devices sends 476 bytes
-    quantized, 896 as bf16: quantized on CPU and on a v5e alike (the chip's crossover would
-    send bf16 there). 4 values per device pad to a whole int8 block: more bytes, so bf16."""
+    issue's case: an int8 ring of 640 bf16 values per device on 8 devices sends 1904 bytes
+    quantized (chunks of one 128-value row), 2240 as bf16: quantized on CPU and on a v5e alike
+    (the chip's crossover, 1358 bytes, would send bf16 there). 256 values a device pad to the
+    same whole rows, more bytes than 896 as bf16, so bf16; 4 values, the same."""
     p = 8
     x = jax.random.normal(jax.random.key(3), (p, n)).astype(jnp.bfloat16)
     fmt = eq.Format.int8()
     sent = {f: eq.wire_bytes(n, p, fmt=f, algorithm="ring", dtype="bfloat16", min_bytes=0)
             for f in (fmt, None)}
     assert (sent[fmt] < sent[None]) == quantized
-    if n == 256:
-        assert (sent[fmt], sent[None]) == (476, 896)
-    from equarx_ref.models.predict import quantizing_saves_bytes
-
+    assert (sent[fmt], sent[None]) == {640: (1904, 2240), 256: (1904, 896), 4: (1904, 28)}[n]
     assert quantizing_saves_bytes(n, p, fmt=fmt, algorithm="ring", dtype="bfloat16") \
         == quantized
     assert eq.wire_bytes(n, p, fmt=fmt, algorithm="ring", dtype="bfloat16") == \
@@ -474,18 +478,18 @@ def test_default_size_gate_reads_the_message_never_the_chip(monkeypatch, n, quan
 def test_auto_size_gate_reads_the_mesh_devices(monkeypatch):
     """min_bytes="auto" (opt-in) takes the chip's time-model crossover for the devices the
     collective runs on: a v5e sends this message in bf16, CPU devices quantize it."""
-    p, n = 8, 256
+    p, n = 8, 640
     fmt = eq.Format.int8()
     x = jax.random.normal(jax.random.key(3), (p, n)).astype(jnp.bfloat16)
     assert _cost_module().default_min_bytes(p, fmt=fmt, algorithm="ring",
                                               device_kind="TPU v5 lite") > 2 * n
     quantized, q_bytes = _gated_run(x, monkeypatch, "cpu", fmt=fmt, min_bytes=0)
     raw, raw_bytes = _gated_run(x, monkeypatch, "cpu", fmt=None)
-    assert not np.array_equal(quantized, raw) and (q_bytes, raw_bytes) == (476, 896)
+    assert not np.array_equal(quantized, raw) and (q_bytes, raw_bytes) == (1904, 2240)
     on_cpu, cpu_bytes = _gated_run(x, monkeypatch, "cpu", fmt=fmt, min_bytes="auto")
     on_v5e, v5e_bytes = _gated_run(x, monkeypatch, "TPU v5 lite", fmt=fmt, min_bytes="auto")
-    assert np.array_equal(on_cpu, quantized) and cpu_bytes == 476
-    assert np.array_equal(on_v5e, raw) and v5e_bytes == 896
+    assert np.array_equal(on_cpu, quantized) and cpu_bytes == 1904
+    assert np.array_equal(on_v5e, raw) and v5e_bytes == 2240
 
 
 def test_auto_size_gate_reads_the_mesh_not_the_default_backend(monkeypatch):

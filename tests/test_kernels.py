@@ -13,11 +13,22 @@ from jax.sharding import PartitionSpec as P
 import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import cli, kernels
-from equarx_ref.runs import kernel_checks, tpu_compile, tpu_matrix
-from equarx_ref.wire import decode, encode
+from equarx_ref.kernels import codec, tiles
+from equarx_ref.kernels.mosaic_codec import MosaicCodec
+from equarx_ref.quantize import zero_subnormals
+from equarx_ref.runs import tpu_compile, tpu_matrix
+from equarx_ref.wire import Codec, Message, decode, encode
 
 encode = jax.jit(encode, static_argnums=1)  # eager, each small op would compile on its own
 decode = jax.jit(decode, static_argnums=(1, 2))
+
+
+def _kernel_checks():
+    """runs/kernel_checks.py (the kernels' harness and the CLI's checks), imported by the
+    tests that use it."""
+    from equarx_ref.runs import kernel_checks
+
+    return kernel_checks
 
 
 def _bits(a) -> np.ndarray:
@@ -33,101 +44,143 @@ def _explain(got, want) -> str:
             f"first at {np.argwhere(bad)[:3].tolist()}")
 
 
-# ---- the fused hop ----------------------------------------------------------------------------
+# ---- the Mosaic codec's kernels (kernels/codec.py) --------------------------------------------
 
 HOP_FORMATS = [eq.Format.int8(), eq.Format.int4(16, "float32"), eq.Format.fp8_e4m3(),
                eq.Format.mxfp4()]
 
 
+def _same(got: Message, want: Message, what=""):
+    """Two messages, bitwise (both arrays, shapes and dtypes)."""
+    for name, a, b in zip(("payload", "scales"), got, want, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (what, name, a.dtype, a.shape,
+                                                           b.dtype, b.shape)
+        bad = np.argwhere(a != b)
+        assert bad.size == 0, f"{what} {name}: {len(bad)} differ, first at {bad[:3].tolist()}"
+
+
+def _xla_hop(message, local, fmt):
+    """The XLA path's hop, as the executor runs it: decode, add in f32 (a subnormal local
+    value read as a zero of its sign), encode."""
+    m = local.size
+    total = decode(message, fmt, m) + zero_subnormals(local.reshape(-1).astype(jnp.float32))
+    return encode(total, fmt)
+
+
 @pytest.mark.parametrize("fmt", HOP_FORMATS, ids=str)
-def test_fused_hop_is_bitwise_the_xla_hop(fmt):
-    rows, m = 16, 4 * fmt.block_size
+def test_mosaic_hop_is_bitwise_the_xla_hop(fmt):
+    """`codec.hop` (interpret mode): 16 rows of 128 values over six decades, a zero row, a NaN
+    block in the message and an Inf in the bf16 local values: the XLA hop's message bitwise,
+    the non-finite blocks NaN and nothing else."""
+    rows = 16
     k1, k2 = jax.random.split(jax.random.key(3))
-    incoming = jax.random.normal(k1, (rows, m)) * jnp.logspace(-3, 3, rows)[:, None]
-    local = (jax.random.normal(k2, (rows, m)) * 2).astype(jnp.bfloat16)
+    incoming = jax.random.normal(k1, (rows, 128)) * jnp.logspace(-3, 3, rows)[:, None]
+    local = (jax.random.normal(k2, (rows, 128)) * 2).astype(jnp.bfloat16)
     incoming = incoming.at[1].set(0.0).at[2, 5].set(jnp.nan)  # a zero row; a NaN block
     local = local.at[1].set(0.0).at[3, -1].set(jnp.inf)  # an Inf in the local chunk
-    wire = encode(incoming, fmt)
-    got = kernels.fused_hop(wire, local, fmt)
-    want = jax.jit(kernels.hop_reference, static_argnums=2)(wire, local, fmt)
-    assert got.dtype == jnp.uint8 and got.shape == wire.shape
-    assert np.array_equal(got, want), _explain(got, want)
-    assert np.array_equal(encode(decode(wire, fmt, m) + local.astype(jnp.float32), fmt), want)
-    back = np.asarray(decode(got, fmt, m))
-    assert np.isnan(back[2, :fmt.block_size]).all() and np.isfinite(back[2, fmt.block_size:]).all()
-    assert (back[1] == 0).all()
+    message = encode(incoming.reshape(-1), fmt)
+    got = codec.hop(message, local, fmt, interpret=True)
+    want = _xla_hop(message, local, fmt)
+    _same(got, want, "hop")
+    _same(jax.jit(tiles.hop, static_argnums=2)(message, local, fmt), want, "tiles.hop")
+    back = np.asarray(decode(got, fmt, rows * 128)).reshape(rows, 128)
+    b = fmt.block_size
+    assert np.isnan(back[2, :b]).all() and np.isfinite(back[2, b:]).all()
+    assert np.isnan(back[3, -b:]).all() and np.isfinite(back[3, :-b]).all()
+    assert (back[1] == 0).all() and np.isfinite(np.delete(back, [2, 3], axis=0)).all()
 
 
-def test_fused_hop_refuses_bad_shapes():
+def test_mosaic_codec_refuses_bad_arguments():
+    """Each kernel refuses what it cannot code, in one line naming the argument."""
     fmt = eq.Format.int8()
-    wire, local = encode(jnp.ones((4, 64)), fmt), jnp.ones((4, 64))
-    with pytest.raises(ValueError, match="wire must be uint8"):
-        kernels.fused_hop(wire[:, :10], local, fmt)
-    with pytest.raises(ValueError, match="not a multiple of block_size"):
-        kernels.fused_hop(wire, jnp.ones((4, 60)), fmt)
-    with pytest.raises(ValueError, match="block_rows=3"):
-        kernels.fused_hop(wire, local, fmt, block_rows=3)
-    with pytest.raises(TypeError, match="Format"):
-        kernels.fused_hop(wire, local, "int8")
+    x = jnp.ones((16, 128))
+    message = encode(x.reshape(-1), fmt)
+    stack = jax.tree.map(lambda a: jnp.stack([a, a]), message)
+    kw = {"interpret": True}
+    cases = [
+        (lambda: codec.encode(jnp.ones((16, 100)), fmt, **kw), r"x must be rows of 128 values"),
+        (lambda: codec.encode(jnp.ones(64), fmt, **kw), r"x must be rows of 128 values"),
+        (lambda: codec.encode(jnp.ones((24, 128)), fmt, **kw),
+         r"whole tiles: 24 rows is not a multiple of 128, nor a multiple of 16 up to 512"),
+        (lambda: codec.encode(jnp.ones((16, 128), jnp.int32), fmt, **kw), r"x must hold float"),
+        (lambda: codec.encode(x, "int8", **kw), r"fmt must be an equarx_ref.Format"),
+        (lambda: codec.encode(x, eq.Format.parse("int7/b8"), **kw),
+         r"takes 8-bit and 4-bit elements.*int7/b8 is not one"),
+        (lambda: codec.encode(x, fmt, count=3, **kw), r"16 rows are not 3 chunks"),
+        (lambda: codec.encode(x, fmt, count=0, **kw), r"count must be >= 1"),
+        (lambda: codec.encode(x, fmt, rows=2.5, **kw), r"rows must be an integer"),
+        (lambda: codec.encode(x, fmt, first_row=0, **kw), r"rows= says how many rows"),
+        (lambda: codec.encode(x, fmt, rows=16, first_row=(0, 8), **kw),
+         r"offsets of whole tiles of 16 rows"),
+        (lambda: codec.encode(x, fmt, into=(message, 3), **kw), r"into lays 1 chunks from chunk 3"),
+        (lambda: codec.encode(x, fmt, interpret="yes"), r"interpret must be None, True"),
+        (lambda: codec.decode(x, fmt, **kw), r"message must be an equarx_ref.wire.Message"),
+        (lambda: codec.decode(Message(message.payload[:3], message.scales), fmt, **kw),
+         r"message must be uint8 \[\.\.\., 128, rows\] and uint16\[\.\.\., 4, rows\]"),
+        (lambda: codec.decode(Message(message.payload, message.scales.astype(jnp.uint32)), fmt,
+                              **kw), r"message must be uint8"),
+        (lambda: codec.decode(message, fmt, "int8", **kw), r"dtype must be a floating dtype"),
+        (lambda: codec.decode(stack, fmt, order=(0, 0), **kw), r"order must permute the 2"),
+        (lambda: codec.decode(message, fmt, order=(0,), **kw), r"order must permute"),
+        (lambda: codec.decode(stack, fmt, into=(x, 16, 0), **kw), r"into lays 2 chunks"),
+        (lambda: codec.decode(stack, fmt, into=(x.astype(jnp.bfloat16), 0, 0), **kw),
+         r"into must be float32 rows"),
+        (lambda: codec.hop(message, jnp.ones((32, 128)), fmt, **kw),
+         r"local must be the message's 16 rows"),
+        (lambda: codec.hop(message, jnp.ones((16, 64)), fmt, **kw), r"local must be rows of 128"),
+        (lambda: codec.hop(message.payload, x, fmt, **kw), r"message must be an equarx_ref"),
+        (lambda: codec.hop(message, x, fmt, count=3, **kw), r"not 3 equal chunks"),
+        (lambda: codec.hop(stack, jnp.ones((32, 128)), fmt, count=3, **kw),
+         r"a stack of 2 messages is that many chunks, not count=3"),
+        (lambda: codec.reduce(message, fmt, **kw), r"reduce takes p messages stacked"),
+        (lambda: codec.reduce(None, fmt, **kw), r"messages must be an equarx_ref.wire.Message"),
+    ]
+    for call, match in cases:
+        with pytest.raises((ValueError, TypeError), match=match) as e:
+            call()
+        assert "\n" not in str(e.value).strip(), str(e.value)
 
 
 @pytest.mark.parametrize("name", ["int8", "mxfp4"])
 def test_mosaic_codec_tiles_the_message(name):
-    """`kernels.codec` on 16 rows of two tiles each (a 2 x 2 grid): the XLA codec's bytes,
-    values and hop, tile seams included."""
-    from equarx_ref.kernels import codec
-
+    """`kernels.codec` on 256 rows (one grid step of two of the tile code's 128-row tiles), as
+    `count` = 2 chunks (two grid steps), and on 48 rows (one short tile): the XLA codec's
+    messages, values (to bf16 too) and hop, tile seams included; a stacked result is the flat
+    one cut at the chunks."""
     fmt = eq.Format.parse(name)
-    m = 2 * codec.TILE_BLOCKS * fmt.block_size
     k1, k2 = jax.random.split(jax.random.key(5))
-    x = (jax.random.normal(k1, (16, m)) * jnp.logspace(-3, 3, 16)[:, None]).astype(jnp.bfloat16)
-    local = jax.random.normal(k2, (16, m)).astype(jnp.bfloat16)
-    wire = codec.encode(x, fmt)
-    assert np.array_equal(wire, encode(x, fmt))
-    back = codec.decode(wire, fmt, m, jnp.bfloat16)
-    assert back.dtype == jnp.bfloat16
-    assert np.array_equal(back, decode(wire, fmt, m).astype(jnp.bfloat16))
-    assert np.array_equal(codec.hop(wire, local, fmt), kernels.hop_reference(wire, local, fmt))
-    # one tile a row: the values travel lane-dense, f32 through the kernels' bitcast route
-    dense_wire, dense_x = wire.reshape(32, -1), x.reshape(32, m // 2).astype(jnp.float32)
-    assert codec._dense((8, m // 2), m // 2)
-    assert np.array_equal(codec.encode(dense_x, fmt), dense_wire)
-    assert np.array_equal(codec.decode(dense_wire, fmt, m // 2), decode(dense_wire, fmt, m // 2))
+    for rows in (48, 256):
+        x = (jax.random.normal(k1, (rows, 128)) * jnp.logspace(-3, 3, rows)[:, None]
+             ).astype(jnp.bfloat16)
+        local = jax.random.normal(k2, (rows, 128)).astype(jnp.bfloat16)
+        m = rows * 128
+        want = encode(x.reshape(-1), fmt)
+        _same(codec.encode(x, fmt, interpret=True), want, f"encode {rows}")
+        back = codec.decode(want, fmt, "bfloat16", interpret=True)
+        assert back.dtype == jnp.bfloat16 and back.shape == (rows, 128)
+        assert np.array_equal(_bits(back), _bits(decode(want, fmt, m).astype(jnp.bfloat16)
+                                                 .reshape(rows, 128)))
+        _same(codec.hop(want, local, fmt, interpret=True), _xla_hop(want, local, fmt),
+              f"hop {rows}")
+    _same(codec.encode(x, fmt, count=2, interpret=True), want, "two chunks")
+    halves = codec.encode(x, fmt, count=2, stacked=True, interpret=True)
+    for c in range(2):
+        _same(jax.tree.map(lambda a, c=c: a[c], halves),
+              encode(x[c * 128:(c + 1) * 128].reshape(-1), fmt), f"stacked chunk {c}")
 
 
-@pytest.mark.parametrize("rows, m, want", [(16, 2 * 4096, (2, 2)), (4, 96, (1, 1)),
-                                           (8, 3 * 4096, (1, 3))])
-def test_mosaic_codec_grid_is_the_kernels(rows, m, want):
-    """`codec.grid` says what `pallas_call` is given: groups of 8 rows by tiles of 128 blocks,
-    a short message as one tile."""
-    from equarx_ref.kernels import codec
-
+@pytest.mark.parametrize("rows, count, want", [(2048, 1, (1, 4)), (512, 2, (2, 1)),
+                                               (48, 1, (1, 1)), (256, 4, (4, 1))])
+def test_mosaic_codec_grid_is_the_kernels(rows, count, want):
+    """What `pallas_call` is given: a grid of (chunks, tiles a chunk), tiles of `tile_rows`
+    rows (512, 256 or 128 where they divide a chunk, else the whole of a short one)."""
     fmt = eq.Format.int8()
-    jaxpr = jax.make_jaxpr(lambda v: codec.encode(v, fmt))(jnp.zeros((rows, m), jnp.bfloat16))
-    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "pallas_call"]
-    assert codec.grid(rows, m, fmt) == want == tuple(calls[0].params["grid_mapping"].grid)
-
-
-def test_mosaic_codec_refuses_bad_shapes():
-    from equarx_ref.kernels import codec
-
-    fmt = eq.Format.int8()
-    with pytest.raises(ValueError, match="not a multiple of block_size 32"):
-        codec.encode(jnp.ones((8, 100)), fmt)
-    with pytest.raises(ValueError, match=r"block_cols=2048 must divide .* multiple of 4096"):
-        codec.encode(jnp.ones((8, 8192)), fmt, block_cols=2048)
-    with pytest.raises(ValueError, match=r"8 rows at a time: 12 rows is not a multiple of 8"):
-        codec.encode(jnp.ones((12, 32)), fmt)
-    with pytest.raises(ValueError, match=r"x must be \[rows, m\]"):
-        codec.encode(jnp.ones(64), fmt)
-    with pytest.raises(ValueError, match=r"wire must be uint8 \[8, 34\]"):
-        codec.decode(jnp.zeros((8, 10), jnp.uint8), fmt, 32)
-    with pytest.raises(ValueError, match=r"wire must be uint8 \[4, 34\]"):
-        codec.hop(jnp.zeros((8, 34), jnp.uint8), jnp.ones((4, 32)), fmt)
-    with pytest.raises(ValueError, match=r"wire must be uint8 \[p, rows, 34\]"):
-        codec.reduce(jnp.zeros((8, 34), jnp.uint8), fmt, 32)
-    with pytest.raises(TypeError, match="Format"):
-        codec.encode(jnp.ones((8, 32)), "int8")
+    jaxpr = jax.make_jaxpr(lambda v: codec.encode(v, fmt, count=count))(
+        jnp.zeros((rows, 128), jnp.bfloat16))
+    (call,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "pallas_call"]
+    assert tuple(call.params["grid_mapping"].grid) == want
+    assert want[1] * codec.tile_rows(rows // count) == rows // count
 
 
 # ---- the ring kernel ------------------------------------------------------------------------
@@ -191,8 +244,8 @@ def test_broken_kernel_is_caught_by_the_race_detector(algorithm):
     clock to the receiver first). So one run must report it, every time; a zero race count
     above then means something. (The "capacity" sabotage races only on some schedules: at
     p = 2 the neighbours' other semaphores can order the accesses, and it was once missed.)"""
-    result = kernel_checks.check(4, fmt=eq.Format.int8(), algorithm=algorithm, n=256, num_chunks=2,
-                           sabotage="early_read")
+    result = _kernel_checks().check(4, fmt=eq.Format.int8(), algorithm=algorithm, n=256,
+                                    num_chunks=2, sabotage="early_read")
     assert result.races > 0 and result.sabotage == "early_read", result
 
 
@@ -203,7 +256,8 @@ def test_plan_sends_the_xla_bytes():
             plan = kernels.plan_ring(n, p, fmt=fmt, algorithm=algorithm, num_chunks=k,
                                      dtype="bfloat16")
             assert plan.bytes_sent == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm,
-                                                    dtype="bfloat16", num_chunks=k)
+                                                    dtype="bfloat16", num_chunks=k,
+                                                    min_bytes=0)  # the kernel: no size gate
             steps = plan.program(device=1)
             assert len(steps) == (2 * p - 1) * plan.k and plan.slots == plan.k + 1
             assert sum(s["send_slot"] is not None for s in steps) == 2 * (p - 1) * plan.k
@@ -239,13 +293,30 @@ def test_unsupported_combinations_are_refused():
         algorithm="bidir_ring", impl="pallas"))
 
 
+@pytest.mark.parametrize(("fmt", "n"), [(eq.Format.int8(), 2 * 144 * 128),
+                                        (eq.Format.parse("mxfp6_e2m3"), 256),
+                                        (eq.Format.parse("int7/b8"), 256)], ids=str)
+def test_pallas_ring_codes_what_it_accepts(fmt, n):
+    """impl="pallas" takes every format and length `all_reduce` lets through to it (the
+    ring's essay lists mxfp6 among the formats it builds with): bitwise impl="xla", or a
+    clear refusal naming impl='pallas' (not an error from inside the kernel). A chunk of
+    144 rows (a whole tile of 128 and a short one); 6-bit and odd-width elements."""
+    x = np.array(jax.random.normal(jax.random.key(11), (2, n)))
+    try:
+        got, want, log = _both(x, fmt=fmt, algorithm="ring", num_chunks=1)
+    except ValueError as e:
+        assert "impl='pallas'" in str(e) and "\n" not in str(e).strip(), str(e)
+        return
+    assert log.count == 0 and np.array_equal(_bits(got), _bits(want)), _explain(got, want)
+
+
 def test_measure_hop_refuses_without_a_tpu():
     with pytest.raises(RuntimeError, match="no TPU figure"):
-        kernel_checks.measure_hop()
+        _kernel_checks().measure_hop()
 
 
 def test_cli_kernels(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(kernel_checks, "CHECKS", ((2, "ring", "int8", 1, None),
+    monkeypatch.setattr(_kernel_checks(), "CHECKS", ((2, "ring", "int8", 1, None),
                                                    (4, "ring", "int8", 2, "early_read")))
     out = tmp_path / "kernels.json"
     assert cli.main(["kernels", "--json", str(out)]) == 0
@@ -310,7 +381,7 @@ def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
 @pytest.mark.parametrize("flag", [["--read-back"], ["--only", "xla"], ["--jobs", "2"],
                                   ["--bytes"]])
 def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
-    monkeypatch.setattr(kernel_checks, "report", lambda **k: pytest.fail("the work started"))
+    monkeypatch.setattr(_kernel_checks(), "report", lambda **k: pytest.fail("the work started"))
     assert cli.main(["kernels", *flag]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "go with --compile TOPOLOGY" in err[0], err
@@ -330,7 +401,7 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda backend=None: real(backend) if backend
                         else real()[:1])
     assert kernels.on_tpu() and len(jax.devices()) == 1  # default backend on purpose
-    result = kernel_checks.check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
+    result = _kernel_checks().check(2, fmt=eq.Format.int8(), n=64, num_chunks=1)
     assert result.bitwise and result.races == 0, result
     x = np.array(jax.random.normal(jax.random.key(5), (2, 64)))
     got, want, log = _both(x, fmt=eq.Format.int8(), algorithm="ring", num_chunks=1)
@@ -339,92 +410,103 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
 
 @pytest.mark.parametrize("name", ["int8", "mxfp4"])
 def test_mosaic_codec_reads_rows_where_they_lie(name):
-    """`first_row` (a traced index): encode and hop read their rows out of a larger array, and
-    `order`: decode reads gathered messages in result order, each the same bytes and values as
-    the slice, or the permuted messages, handed over whole (interpret mode)."""
-    from equarx_ref.kernels import codec
-
+    """`first_row` (traced, one compile for every value): encode and hop read their rows out
+    of a larger array, from row i a (`(i, a)`) or i a + o (`(i, a, o)`); `order`: decode reads
+    gathered messages in result order; each the same bytes and values as the slice, or the
+    permuted messages, handed over whole (interpret mode)."""
     fmt = eq.Format.parse(name)
-    m = codec.TILE_BLOCKS * fmt.block_size  # rows of 128 blocks: the values travel lane-dense
     k1, k2 = jax.random.split(jax.random.key(7))
-    source = (jax.random.normal(k1, (32, m)) * jnp.logspace(-3, 3, 32)[:, None]
-              ).astype(jnp.bfloat16)  # 4 messages of 8 rows
-    wire = encode(jax.random.normal(k2, (8, m)), fmt)
-    at = jax.jit(lambda s, w, i: (codec.encode(s, fmt, rows=8, first_row=i),
-                                  codec.hop(w, s, fmt, first_row=i),
-                                  codec.hop(w, s, fmt, first_row=(i // 8, 8))))  # row i/8 x 8
-    for i in (0, 16, 24):
-        got_encode, got_hop, got_pair = at(source, wire, jnp.int32(i))
-        assert np.array_equal(got_encode, encode(source[i:i + 8], fmt)), i
-        assert np.array_equal(got_hop, kernels.hop_reference(wire, source[i:i + 8], fmt)), i
-        assert np.array_equal(got_pair, got_hop), i
-    messages = encode(source, fmt)
+    source = (jax.random.normal(k1, (4 * 128, 128)) * jnp.logspace(-3, 3, 512)[:, None]
+              ).astype(jnp.bfloat16)  # 4 chunks of 128 rows
+    message = encode(jax.random.normal(k2, (128 * 128,)), fmt)
+    at = jax.jit(lambda s, w, i: (
+        codec.encode(s, fmt, rows=128, first_row=(i, 128), interpret=True),
+        codec.hop(w, s, fmt, first_row=(i, 128), interpret=True),
+        codec.hop(w, s, fmt, first_row=(i // 2, 256, 128), interpret=True)))  # odd i: i a + o
+    for i in (0, 1, 3):
+        got_encode, got_hop, got_odd = at(source, message, jnp.int32(i))
+        rows = source[i * 128:(i + 1) * 128]
+        _same(got_encode, encode(rows.reshape(-1), fmt), f"encode at chunk {i}")
+        _same(got_hop, _xla_hop(message, rows, fmt), f"hop at chunk {i}")
+        if i % 2:
+            _same(got_odd, got_hop, f"hop at ({i // 2}, 256, 128)")
+    assert at._cache_size() == 1
+    stack = jax.tree.map(lambda *a: jnp.stack(a), *[
+        encode(source[c * 128:(c + 1) * 128].reshape(-1), fmt) for c in range(4)])
     order = (2, 0, 3, 1)
-    want = decode(messages.reshape(4, 8, -1)[np.array(order)].reshape(32, -1), fmt, m)
-    assert np.array_equal(codec.decode(messages, fmt, m, order=order), want)
-    with pytest.raises(ValueError, match="order must permute whole messages"):
-        codec.decode(messages, fmt, m, order=(0, 1, 1, 2))
-    with pytest.raises(ValueError, match="rows= and first_row= together"):
-        codec.encode(source, fmt, rows=8)
+    want = decode(jax.tree.map(lambda a: a[np.array(order)], stack), fmt, 128 * 128)
+    got = codec.decode(stack, fmt, order=order, interpret=True)
+    assert np.array_equal(_bits(got), _bits(want.reshape(512, 128)))
 
 
-def test_row_codec_in_place_steps_match_the_cut_ones():
-    """`RowCodec.encode_at`, `hop_at`, `decode_in_order` and `decode_into` with the kernels
-    (interpret mode): the bytes and values of the steps they stand for, on a slice cut out
-    first (and for a pipelined piece, its columns), or joined after; and the XLA
-    codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted bytes."""
-    from equarx_ref.kernels import codec, row_codec
-    from equarx_ref.wire import Codec
-
+def test_mosaic_codec_takes_first_row_as_an_index():
+    """`encode`'s and `hop`'s docstrings: `first_row` is "an index, traced or not, or
+    `(i, a[, o])` for row i a + o": the index alone (row i) reads there too."""
     fmt = eq.Format.int8()
-    m = 8 * codec.TILE_BLOCKS * fmt.block_size  # a message of 8 rows of 128 blocks
-    source = jax.random.normal(jax.random.key(8), (4, m // 128, 128)).astype(jnp.bfloat16)
-    kernel = row_codec.RowCodec(fmt, jnp.bfloat16, interpret=True)
+    source = jax.random.normal(jax.random.key(10), (64, 128))
+    got = codec.encode(source, fmt, rows=16, first_row=jnp.int32(32), interpret=True)
+    _same(got, encode(source[32:48].reshape(-1), fmt), "encode from row 32")
+
+
+def test_mosaic_codec_steps_in_place_match_the_cut_ones():
+    """`MosaicCodec.encode_at`, `hop_at`, `decode_in_order` and `decode_into` with the kernels
+    (interpret mode): the messages and values of the steps they stand for, on a slice cut out
+    first (and for a pipelined piece, its window of rows), or joined after; and the XLA
+    codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted
+    messages."""
+    fmt = eq.Format.int8()
+    r = 16  # rows a chunk (one short tile): m = 2048 values
+    m = r * 128
+    source = jax.random.normal(jax.random.key(8), (4, r, 128)).astype(jnp.bfloat16)
+    kernel = MosaicCodec(fmt, jnp.bfloat16, interpret=True)
     start = jnp.int32(2)
     cut = source[2:3].reshape(1, m)
     message = kernel.encode_at(source, start, 1)
-    assert np.array_equal(message, kernel.encode(cut))
-    assert np.array_equal(kernel.hop_at(message, source, start, 1), kernel.hop(message, cut))
-    # two hops written into one message of two chunks (a bidirectional ring's gather), in
+    _same(message, kernel.encode(cut), "encode_at")
+    _same(message, encode(cut.astype(jnp.float32), fmt), "encode_at, the XLA codec's")
+    cut_hop = kernel.hop(message, cut)
+    _same(kernel.hop_at(message, source, start, 1), cut_hop, "hop_at")
+    _same(cut_hop, _xla_hop(message, cut, fmt), "hop, the XLA hop")
+    # two hops written into one stack of two messages (a bidirectional ring's gather), in
     # place: the two messages joined
     other = kernel.encode(source[0:1].reshape(1, m))
     both = kernel.hop_at(other, source, jnp.int32(3), 1, into=(2, 1))
     both = kernel.hop_at(message, source, start, 1, into=(both, 0))
-    assert np.array_equal(both, jnp.concatenate([kernel.hop(message, cut),
-                                                 kernel.hop(other, source[3:4].reshape(1, m))]))
-    with pytest.raises(ValueError, match="into lays messages"):
+    _same(both, jax.tree.map(lambda *a: jnp.concatenate(a), cut_hop,
+                             kernel.hop(other, source[3:4].reshape(1, m))), "hop_at into")
+    with pytest.raises(ValueError, match="into lays 1 chunks from chunk 1: past its 1"):
         kernel.hop_at(message, source, start, 1, into=(1, 1))
-    # a pipelined piece: chunks of two messages, the second's columns read in place
-    pieces = jax.random.normal(jax.random.key(9), (4, 2 * m // 128, 128)).astype(jnp.bfloat16)
-    window = (m // 128, m // 128)
-    assert kernel._in_place(pieces.shape, 1, window)[1] == (8, 16, 8)  # rows 16 c + 8 .. 16 c + 15
-    cut = pieces[2:3, m // 128:].reshape(1, m)
+    # a pipelined piece: chunks of two pieces of r rows, the second's rows read in place
+    pieces = jax.random.normal(jax.random.key(9), (4, 2 * r, 128)).astype(jnp.bfloat16)
+    window = (r, r)
+    cut = pieces[2:3, r:].reshape(1, m)
     message = kernel.encode_at(pieces, start, 1, window)
-    assert np.array_equal(message, kernel.encode(cut))
-    assert np.array_equal(kernel.hop_at(message, pieces, start, 1, window),
-                          kernel.hop(message, cut))
-    # and back: each piece's messages decoded over its columns of one result, in place
-    halves = [(0, m // 128), window]
+    _same(message, kernel.encode(cut), "encode_at a window")
+    _same(kernel.hop_at(message, pieces, start, 1, window), kernel.hop(message, cut),
+          "hop_at a window")
+    # and back: each piece's messages decoded over its rows of one result, in place
+    halves = [(0, r), window]
     assert all(kernel.places(pieces.shape, w) for w in halves)
     # a window off whole tiles of rows is not read in place: the executor cuts it out
-    assert not kernel.places(pieces.shape, (4, m // 128))
+    assert not kernel.places(pieces.shape, (8, r))
     with pytest.raises(ValueError, match="cannot code 1 chunk"):
-        kernel.encode_at(pieces, start, 1, (4, m // 128))
-    sent = [jnp.stack([kernel.encode(pieces[c, a:a + n].reshape(1, m))[0] for c in range(4)])
-            for a, n in halves]
+        kernel.encode_at(pieces, start, 1, (8, r))
+    sent = [kernel.encode(pieces[:, a:a + n].reshape(4, m)) for a, n in halves]
     out = jax.ShapeDtypeStruct(pieces.shape, jnp.bfloat16)
     for got, w, order in zip(sent, halves, (None, (1, 3, 0, 2)), strict=True):
-        out = kernel.decode_into(got if order is None else got[np.argsort(order)], out, w,
-                                 jnp.bfloat16, order)
+        if order is not None:
+            got = jax.tree.map(lambda a, o=order: a[np.argsort(o)], got)
+        out = kernel.decode_into(got, out, w, jnp.bfloat16, order)
     want = jnp.concatenate([kernel.decode(got, m, jnp.bfloat16).reshape(4, -1, 128)
                             for got in sent], axis=1)
-    assert out.dtype == jnp.bfloat16 and np.array_equal(out, want)
-    gathered = jnp.stack([kernel.encode(source[c].reshape(1, m))[0] for c in range(4)])
+    assert out.dtype == jnp.bfloat16 and np.array_equal(_bits(out), _bits(want))
+    gathered = kernel.encode(source.reshape(4, m))
     order = (1, 3, 0, 2)
-    want = kernel.decode(gathered[np.array(order)], m)
-    assert np.array_equal(kernel.decode_in_order(gathered, m, None, order), want)
+    want = kernel.decode(jax.tree.map(lambda a: a[np.array(order)], gathered), m)
+    assert np.array_equal(_bits(kernel.decode_in_order(gathered, m, None, order)), _bits(want))
     xla = Codec(fmt, jnp.bfloat16)
     flat = xla.encode(source.reshape(4, m).astype(jnp.float32))
     for order in ((0, 2, 1, 3), (3, 1, 2, 0)):  # a transpose of [2, 2], and a gather
-        assert np.array_equal(xla.decode_in_order(flat, m, None, order),
-                              xla.decode(flat[np.array(order)], m))
+        assert np.array_equal(
+            _bits(xla.decode_in_order(flat, m, None, order)),
+            _bits(xla.decode(jax.tree.map(lambda a, o=order: a[np.array(o)], flat), m)))

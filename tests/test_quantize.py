@@ -10,8 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import equarx_ref as eq
+from equarx_ref import wire
 from equarx_ref.scales import apply_scale
-from equarx_ref.wire import decode, decode_raw, encode, encode_raw, from_bytes, to_bytes
+from equarx_ref.wire import (
+    Message,
+    decode,
+    decode_raw,
+    encode,
+    encode_raw,
+    from_bytes,
+    to_bytes,
+)
 
 FORMATS = {
     "int8": eq.Format.int8(),
@@ -225,43 +234,101 @@ def test_wire_layout_and_packing():
         from_bytes(jnp.zeros(7, jnp.uint8), eq.Format.int8(), (32,))
 
 
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_message_layout_is_the_quantized_blocks_transposed(name):
+    """`encode` of rows [3, m]: payload uint8 [3, G PB, R] and scale bits [3, G, R], block
+    r G + j in lane r of slot j (payload[j PB + i, r] = byte i of its payload), the very
+    blocks `quantize` makes; `decode` gives `dequantize`'s values; messages are whole rows."""
+    fmt = FORMATS[name]
+    g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
+    assert fmt.row == (128 if 128 % fmt.block_size == 0 else fmt.block_size) == g * fmt.block_size
+    m = 3 * fmt.row
+    x = jax.random.normal(jax.random.key(12), (3, m)) * jnp.logspace(-2, 2, m)
+    x = x.at[1, :fmt.block_size].set(jnp.nan)  # a non-finite block: its payload is zeros
+    message = jax.jit(encode, static_argnums=1)(x, fmt)
+    rows = m // fmt.row
+    assert message.payload.dtype == jnp.uint8 and message.payload.shape == (3, g * pb, rows)
+    bits = {"bfloat16": np.uint16, "float32": np.uint32, "e8m0": np.uint8}[fmt.scale_dtype]
+    assert message.scales.dtype == bits and message.scales.shape == (3, g, rows)
+    assert wire.message_shapes(m, fmt) == ((g * pb, rows), (g, rows))
+    payload, scales = np.asarray(message.payload), np.asarray(message.scales)
+    for k in range(3):
+        q = eq.quantize(x[k], fmt)
+        qp, qs = np.asarray(q.payload), np.asarray(q.scales).view(bits)
+        for r in range(rows):
+            for j in range(g):
+                block = r * g + j
+                np.testing.assert_array_equal(payload[k, j * pb:(j + 1) * pb, r], qp[block])
+                assert scales[k, j, r] == qs[block] or not np.isfinite(
+                    np.asarray(eq.dequantize(q))[block * fmt.block_size]), (k, r, j)
+        np.testing.assert_array_equal(np.asarray(decode(message, fmt, m))[k],
+                                      np.asarray(eq.dequantize(q)))
+    assert not payload[1, :pb, 0].any()
+    with pytest.raises(ValueError, match="whole rows"):
+        encode(x[:, :m - fmt.block_size], fmt) if g > 1 else wire.message_shapes(m - 1, fmt)
+    with pytest.raises(ValueError, match="a message of"):
+        decode(Message(message.payload[..., :-1], message.scales), fmt, m)
+    with pytest.raises(ValueError, match="a message of"):
+        decode(Message(message.payload), fmt, m)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_unquantized_bytes_are_the_same_through_a_bitcast_and_through_shifts(dtype):
-    """The XLA path bitcasts an unquantized message to bytes; a TPU kernel builds them with
-    32-bit shifts (`mosaic=True`). Both must put the same little-endian bytes on the wire, for
-    every bit pattern: signed zeros, subnormals, infinities and NaN payloads included."""
+def test_unquantized_messages_are_the_raw_bits(dtype):
+    """An unquantized message (fmt=None) is the values' bits as an unsigned integer of their
+    width (uint16 for bf16: XLA:CPU cannot widen it), a bitcast and nothing else, and back:
+    every bit pattern, signed zeros, subnormals, infinities and NaN payloads included; its
+    little-endian bytes are the values' bytes in memory."""
     uint = jnp.uint16 if dtype == jnp.bfloat16 else jnp.uint32
     bits = np.random.default_rng(3).integers(0, np.iinfo(uint).max, 4096, dtype=np.uint64)
-    bits = np.concatenate([bits, [0, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001]]).astype(uint)
-    v = jax.lax.bitcast_convert_type(jnp.asarray(bits).reshape(2, -1), dtype)
-    fast, shifted = encode_raw(v, dtype), encode_raw(v, dtype, mosaic=True)
-    np.testing.assert_array_equal(np.asarray(fast), np.asarray(shifted))
-    little = np.asarray(bits).astype(np.dtype(uint).newbyteorder("<")).view(np.uint8)
-    np.testing.assert_array_equal(np.asarray(fast).reshape(-1), little)
-    for mosaic in (False, True):
-        back = decode_raw(fast, dtype, v.shape[-1], mosaic=mosaic)
-        np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(back, uint)),
-                                      np.asarray(bits).reshape(2, -1))
+    special = [0, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001]
+    if dtype == jnp.float32:
+        special += [0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0x00000001, 0x807FFFFF]
+    bits = np.concatenate([bits, special, special[:2]]).astype(uint).reshape(2, -1)
+    v = jax.lax.bitcast_convert_type(jnp.asarray(bits), dtype)
+    message = jax.jit(encode_raw, static_argnums=1)(v, dtype)
+    assert isinstance(message, Message) and message.scales is None
+    assert message.payload.dtype == uint and message.payload.shape == bits.shape
+    np.testing.assert_array_equal(np.asarray(message.payload), bits)
+    little = bits.astype(np.dtype(uint).newbyteorder("<")).view(np.uint8)
+    np.testing.assert_array_equal(np.asarray(message.payload).view(np.uint8), little)
+    back = jax.jit(decode_raw, static_argnums=(1, 2))(message, dtype, bits.shape[-1])
+    assert back.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(back, uint)), bits)
+    with pytest.raises(ValueError, match="unquantized message"):
+        decode_raw(Message(message.payload.astype(jnp.uint8)), dtype, bits.shape[-1])
+    with pytest.raises(ValueError, match="unquantized message"):
+        decode_raw(message, dtype, bits.shape[-1] - 1)
 
 
 @pytest.mark.parametrize("name", ["int4", "fp4_e2m1", "mxfp4"])
 def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
-    """`decode` unpacks 4-bit elements in uint8 on the XLA path and widened to int32 inside a
-    TPU kernel (`mosaic=True`): every payload byte and scale must give the same values."""
+    """`decode` unpacks 4-bit elements in uint8 on the XLA path, the TPU kernels' tile code
+    (`kernels.tiles`) widened to int32 down sublanes: every payload byte (every nibble pair)
+    and scale must give the same values, which are `dequantize` of the same blocks read
+    from their canonical bytes (the message is a permutation of them: `spec.from_message`)."""
+    from equarx_ref import spec
+    from equarx_ref.kernels import tiles
+
     fmt = eq.parse_format(name)
     rng = np.random.default_rng(5)
-    x = jnp.asarray(rng.standard_normal((3, 8 * fmt.block_size), dtype=np.float32))
-    buf = np.array(encode(x, fmt)).reshape(3, -1, fmt.bytes_per_block)
-    payload = fmt.payload_bytes_per_block
-    buf[..., :payload] = rng.integers(0, 256, buf[..., :payload].shape)  # every nibble pair
-    buf[0, 0, :payload] = np.arange(payload) * 17 % 256
-    buf = jnp.asarray(buf.reshape(3, -1))
-    n = x.shape[-1]
-    np.testing.assert_array_equal(np.asarray(decode(buf, fmt, n)),
-                                  np.asarray(decode(buf, fmt, n, mosaic=True)))
-    q = from_bytes(buf[0], fmt, (n,))
-    np.testing.assert_array_equal(np.asarray(decode(buf[0], fmt, n)),
-                                  np.asarray(eq.dequantize(q)))
+    m = 8 * 128  # 8 rows of a message
+    x = jnp.asarray(rng.standard_normal((3, m), dtype=np.float32))
+    message = encode(x, fmt)
+    payload = rng.integers(0, 256, message.payload.shape).astype(np.uint8)
+    payload[0, :fmt.payload_bytes_per_block, 0] = np.arange(fmt.payload_bytes_per_block) * 17
+    payload[0, :, 1] = np.arange(payload.shape[1]) * 16 + 15  # block 4: nibbles 15 / x0
+    message = Message(jnp.asarray(payload), message.scales)
+    got = np.asarray(decode(message, fmt, m))
+    for r in range(3):
+        row = Message(message.payload[r], message.scales[r])
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(tiles.decode, static_argnums=1)(row, fmt)).reshape(-1), got[r])
+        blocks, scale_bits = spec.from_message(np.asarray(row.payload), np.asarray(row.scales),
+                                               fmt)
+        scale_bytes = scale_bits.view(np.uint8).reshape(len(scale_bits), -1)
+        buf = jnp.asarray(np.concatenate([blocks, scale_bytes], axis=1).reshape(-1))
+        np.testing.assert_array_equal(np.asarray(eq.dequantize(from_bytes(buf, fmt, (m,)))),
+                                      got[r])
 
 
 def test_quantized_is_a_pytree_with_static_metadata():

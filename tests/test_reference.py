@@ -1,5 +1,6 @@
 """Every format, bitwise, against the spec (equarx_ref.spec: NumPy + ml_dtypes, no jax):
-stored scales, payload bytes, wire bytes and dequantized values, under jit and eagerly.
+stored scales, payload bytes, canonical bytes, messages and dequantized values, under jit and
+eagerly.
 
 The data: Gaussian blocks over twelve decades, bf16-valued blocks (amax / elem_max is then often
 exactly a bf16 value: the case a reciprocal rounds one step too high), heavy tails (Student-t
@@ -158,8 +159,11 @@ def dataset(name):
 
 
 def _package(x, fmt):
+    """The package's quantization of x (whole blocks), its canonical bytes, and the message
+    of x padded with zero blocks to whole rows (what the collectives send)."""
     q = eq.quantize(x, fmt)
-    return q.payload, q.scales, eq.dequantize(q), to_bytes(q), encode(x.reshape(1, -1), fmt)
+    rows = jnp.pad(x.reshape(-1), (0, -x.size % fmt.row))
+    return q.payload, q.scales, eq.dequantize(q), to_bytes(q), encode(rows[None], fmt)
 
 
 @functools.cache
@@ -181,7 +185,9 @@ def _check(name, mode, kinds):
     kind = np.concatenate([[k] * len(v) for k, v in data.items()])
     want = ref.quantize_blocks(x, fmt)
     fn = _jitted(fmt) if mode == "jit" else functools.partial(_package, fmt=fmt)
-    payload, scales, values, wire, encoded = (np.asarray(a) for a in fn(jnp.asarray(x.ravel())))
+    payload, scales, values, wire, message = fn(jnp.asarray(x.ravel()))
+    payload, scales, values, wire = (np.asarray(a) for a in (payload, scales, values, wire))
+    message = [np.asarray(a)[0] for a in message]
     values = values.reshape(want.values.shape)
     fin = want.finite
     errors = []
@@ -202,10 +208,23 @@ def _check(name, mode, kinds):
            np.any(np.isfinite(values), axis=1) & ~fin, want.values, values)
     # the wire buffer, block after block: its payload bytes, then its scale's bytes (NaN bit
     # patterns may vary)
-    ref_wire, compare = ref.wire_bytes(want), ref.fixed_bytes(want)
+    ref_wire, compare = ref.canonical_bytes(want), ref.fixed_bytes(want)
     if not errors and not np.array_equal(wire[compare], ref_wire[compare]):
         errors.append(f"{name} {mode}: to_bytes is not block after block (payload, scale)")
-    if not np.array_equal(encoded.ravel(), wire):
+    # the message (encode, the collectives' path): the spec's message of the blocks padded
+    # with zero blocks to whole rows, and a permutation of to_bytes' very bytes
+    blocks = len(x)
+    pad = np.zeros((-blocks % fmt.blocks_per_row, fmt.block_size), np.float32)
+    padded = ref.quantize_blocks(np.concatenate([x, pad]), fmt)
+    want_payload, want_scales = ref.message(padded, fmt)
+    finite = padded.finite.reshape(-1, fmt.blocks_per_row).T
+    if message[0].shape != want_payload.shape or message[1].dtype != want_scales.dtype or \
+            not np.array_equal(message[0], want_payload) or \
+            not np.array_equal(message[1][finite], want_scales[finite]):
+        errors.append(f"{name} {mode}: encode's message is not the spec's message")
+    back, bits = ref.from_message(*message, fmt)
+    canonical = np.concatenate([back, bits.view(np.uint8).reshape(len(bits), -1)], axis=1)
+    if not np.array_equal(canonical[:blocks].ravel(), wire):
         errors.append(f"{name} {mode}: encode (the collectives' path) differs from to_bytes")
     return errors
 
