@@ -67,6 +67,7 @@ from .formats import Format
 __all__ = [
     "ALGORITHMS",
     "RING_FAMILY",
+    "HopPlan",
     "Schedule",
     "Step",
     "Transfer",
@@ -148,6 +149,32 @@ class Schedule:
         """Chunk-sized messages `device` sends (the wire-byte count, in chunks)."""
         return sum(len(t.chunks) for st in self.steps if phase in (None, st.phase)
                    for t in st.transfers if t.src == device)
+
+
+@dataclasses.dataclass(frozen=True)
+class HopPlan:
+    """One wire format per reduce step (indexed by the schedule's step time) and one for the
+    gather phase: what the executor sends each step in (`all_reduce(..., hop_bits=)`; the error
+    model chooses one, `models/hops.py`). Hashable: it is a static argument of the compiled
+    collective."""
+
+    reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
+    gather: Format | None
+
+    @property
+    def align(self) -> int:
+        """The chunk alignment every format of the plan needs: whole message rows of each
+        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
+        the longest is a multiple of all)."""
+        return max(f.row for f in self.formats)
+
+    @property
+    def formats(self) -> list[Format]:
+        return [f for _, f in self.reduce] + ([self.gather] if self.gather else [])
+
+    def __str__(self) -> str:
+        steps = " ".join(str(f) for _, f in self.reduce)
+        return f"reduce [{steps}]" + (f", gather {self.gather}" if self.gather else "")
 
 
 def device_shape(p) -> tuple[int, ...]:

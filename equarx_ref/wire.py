@@ -253,6 +253,12 @@ class Codec:
         """Bytes a message of `m` values carries."""
         return encoded_bytes(m, self.fmt, self.dtype)
 
+    @staticmethod
+    def supports(fmt) -> bool:
+        """Whether this codec codes `fmt`: any Format (a backend's codec may code fewer, and
+        `rules.py` refuses the others before it runs)."""
+        return isinstance(fmt, Format)
+
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
     #: the Mosaic codec (`kernels.mosaic_codec.MosaicCodec`) takes the input's own dtype instead.
     reads_raw = False

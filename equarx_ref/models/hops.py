@@ -31,57 +31,21 @@ same bytes removes that factor of (p - 1) / 2 in the reduce half. Plans are buil
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 from .._checks import count
 from ..formats import Format
-from ..schedule import Schedule, check_algorithm, device_shape, make_schedule
+from ..rules import HOP_BITS, check_hop_bits
+from ..schedule import HopPlan, Schedule, check_algorithm, device_shape, make_schedule
 from .error import gaussian_relative_error, quantizations
 
 __all__ = ["HOP_BITS", "MAX_DEVICES", "HopPlan", "check_hop_bits", "hop_plan", "step_weights"]
 
-#: Values of `all_reduce(..., hop_bits=)`: one format everywhere, or a hop-aware plan.
-HOP_BITS = ("uniform", "adaptive")
 #: Largest device count a hop-aware plan is searched for.
 MAX_DEVICES = 256
 _WIDTH_RANGE = (-2, 3)  # integer widths a plan may use: fmt's - 2 to fmt's + 3, in [2, 12]
 _BLOCK_GROWTH = 4  # blocks fmt.block_size * 2^j, j = 0..4
-
-
-@dataclasses.dataclass(frozen=True)
-class HopPlan:
-    """One wire format per reduce step (indexed by the schedule's step time) and one for the
-    gather phase. Hashable: it is a static argument of the compiled collective."""
-
-    reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
-    gather: Format | None
-
-    @property
-    def align(self) -> int:
-        """The chunk alignment every format of the plan needs: whole message rows of each
-        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
-        the longest is a multiple of all)."""
-        return max(f.row for f in self.formats)
-
-    @property
-    def formats(self) -> list[Format]:
-        return [f for _, f in self.reduce] + ([self.gather] if self.gather else [])
-
-    def __str__(self) -> str:
-        steps = " ".join(str(f) for _, f in self.reduce)
-        return f"reduce [{steps}]" + (f", gather {self.gather}" if self.gather else "")
-
-
-def check_hop_bits(hop_bits: str, fmt: Format | None) -> None:
-    """Refuse an unknown `hop_bits`, or "adaptive" with a format it cannot plan for."""
-    if hop_bits not in HOP_BITS:
-        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
-    if hop_bits == "adaptive" and (fmt is None or not fmt.is_int or fmt.is_mx):
-        raise ValueError(f"hop_bits='adaptive' plans integer widths with a bf16 or f32 block "
-                         f"scale: fmt must be such an integer format (int8, int4, ...), got "
-                         f"{fmt if fmt is None else str(fmt)!r}")
 
 
 def step_weights(sched: Schedule) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
