@@ -90,7 +90,7 @@ from .execute import run_schedule, typed_all_gather
 from .extensions import provided
 from .formats import Format
 from .rules import HOP_BITS, IMPLS, check_axes, check_config, check_key
-from .schedule import ALGORITHMS
+from .schedule import ALGORITHMS, SCHEDULES
 from .wire import Codec
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
@@ -203,12 +203,12 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
                        hop_bits, impl)
 
     return reduce_tree(x, axes, reduce, backward=backward, bucket_bytes=bucket_bytes,
-                       dtype=dtype, key=key, linear=fmt is None or algorithm == "psum")
+                       dtype=dtype, key=key, linear=fmt is None or algorithm not in SCHEDULES)
 
 
 def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, hop_bits, impl):
     """The forward of one buffer: the quantized AllReduce itself (not differentiable)."""
-    if algorithm == "psum":
+    if algorithm not in SCHEDULES:  # "psum": lax.psum itself
         return lax.psum(x, axes if len(axes) > 1 else axes[0])
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return invariant(x, axes)

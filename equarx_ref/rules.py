@@ -30,7 +30,7 @@ from ._checks import min_bytes as check_min_bytes
 from .autodiff import check_tree_args
 from .extensions import provided
 from .formats import Format
-from .schedule import RING_FAMILY, check_algorithm
+from .schedule import RING_FAMILY, SCHEDULES, check_algorithm, in_ring_family
 
 __all__ = ["HOP_BITS", "IMPLS", "check_axes", "check_config", "check_hop_bits", "check_key"]
 
@@ -116,7 +116,7 @@ def _check_impl(impl, algorithm: str, axes, fmt=None, *, stochastic: bool = Fals
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "mosaic":
         _check_mosaic(fmt, algorithm, stochastic, hop_bits)
-    if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
+    if impl == "pallas" and (not in_ring_family(algorithm) or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
         runs = " and ".join(map(repr, RING_FAMILY))
         raise ValueError(f"impl='pallas' runs {runs} over one mesh axis, not {what}; "
@@ -133,7 +133,7 @@ def _check_mosaic(fmt, algorithm: str, stochastic: bool, hop_bits: str) -> None:
         what = "stochastic rounding (key=)" if stochastic else f"hop_bits={hop_bits!r}"
         raise ValueError(f"impl='mosaic' rounds to nearest in one format: {what} needs "
                          "impl='xla'")
-    if fmt is not None and algorithm != "psum" and \
+    if fmt is not None and algorithm in SCHEDULES and \
             not provided("mosaic_codec").supports(fmt):  # Pallas loads only when asked for
         raise ValueError(f"impl='mosaic' codes 8-bit and 4-bit elements in blocks that divide "
                          f"128, not {fmt}; use impl='xla'")

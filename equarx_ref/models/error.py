@@ -34,7 +34,7 @@ import numpy as np
 from .._checks import count
 from ..formats import Format
 from ..quantize import dequantize, quantize
-from ..schedule import ALGORITHMS, Schedule, check_algorithm, device_shape, make_schedule, walk
+from ..schedule import SCHEDULES, Schedule, check_algorithm, device_shape, make_schedule, walk
 
 __all__ = ["gaussian_relative_error", "quantizations", "quantized_sizes", "uniform_relative_error"]
 
@@ -58,21 +58,20 @@ def quantized_sizes(p, *, algorithm: str) -> list[int]:
     """
     shape = device_shape(p)
     check_algorithm(algorithm, None, shape)
-    if algorithm == "psum":
-        raise ValueError(f"psum quantizes nothing; choose one of {ALGORITHMS[1:]}")
+    if algorithm not in SCHEDULES:
+        raise ValueError(f"psum quantizes nothing; choose one of {tuple(SCHEDULES)}")
     if math.prod(shape) == 1:  # one device sends nothing, so quantizes nothing
         return []
     return sorted(k for _, k in quantizations(make_schedule(algorithm, shape))[0])
 
 
 def _size_sum(algorithm: str, shape: tuple[int, ...]) -> int:
-    """Sum of the sizes of the quantized partial sums a value goes through (module essay)."""
-    if len(shape) == 2:  # p2 column rings of 1..p1-1, then p1 * (1..p2-1), then p1 p2
-        p1, p2 = shape
-        return p2 * p1 * (p1 - 1) // 2 + p1 * p2 * (p2 - 1) // 2 + p1 * p2
-    (p,) = shape
-    return {"ring": p * (p + 1) // 2, "bidir_ring": p * (p + 1) // 2, "two_shot": 2 * p,
-            "one_shot": p}[algorithm]
+    """Sum of the sizes of the quantized partial sums a value goes through (module essay): in
+    closed form where the schedule's row has one (`schedule.SCHEDULES`), else walked."""
+    closed = SCHEDULES[algorithm].sizes
+    if closed is not None:
+        return closed(shape)
+    return sum(k for _, k in quantizations(make_schedule(algorithm, shape))[0])
 
 
 @functools.cache

@@ -37,7 +37,7 @@ import math
 from .._checks import count
 from ..formats import Format
 from ..rules import HOP_BITS, check_hop_bits
-from ..schedule import HopPlan, Schedule, check_algorithm, device_shape, make_schedule
+from ..schedule import SCHEDULES, HopPlan, Schedule, check_algorithm, device_shape, make_schedule
 from .error import gaussian_relative_error, quantizations
 
 __all__ = ["HOP_BITS", "MAX_DEVICES", "HopPlan", "check_hop_bits", "hop_plan", "step_weights"]
@@ -92,7 +92,7 @@ def hop_plan(p, *, fmt: Format, algorithm: str, hop_bits: str = "adaptive") -> H
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape)
     check_hop_bits(hop_bits, fmt)
-    if algorithm == "psum":
+    if algorithm not in SCHEDULES:
         raise ValueError("psum sends nothing quantized: it has no hop plan")
     sched = make_schedule(algorithm, shape)
     steps, (wg, ng) = step_weights(sched)

@@ -239,10 +239,10 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
     """
     from ..formats import format_label, parse_format
     from ..runs.progress import progress_bar
-    from ..schedule import ALGORITHMS
+    from ..schedule import SCHEDULES
 
     start = time.monotonic()
-    algorithms_ok = [a for a in ALGORITHMS if a != "psum"]
+    algorithms_ok = list(SCHEDULES)
     hosts = count(hosts, "hosts", minimum=2)
     repeats = count(repeats, "repeats")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
