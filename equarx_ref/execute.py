@@ -117,9 +117,9 @@ class _Rows:
     only its columns `window` (`(first, columns)` of axis 1: a pipelined piece; None: all), not
     cut out yet: a codec that `places` them reads them where they lie (`MosaicCodec.encode_at`,
     `MosaicCodec.hop_at`); for any other, or where the rows are not on whole tiles, `cut`. XLA:TPU
-    writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring
-    that was a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1,
-    `runs/tpu_bytes.py`), and cutting a pipeline's pieces out of the input another."""
+    writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring a
+    whole extra pass over the input, and cutting a pipeline's pieces out of the input another
+    (`runs/tpu_bytes.py` counts them: data/tpu-bytes.json)."""
 
     def __init__(self, source: jax.Array, start, count: int, window=None):
         self.source, self.start, self.window = source, start, window
@@ -302,9 +302,8 @@ class _Held:
         """A quantized schedule adds f32 values whose subnormals read as zeros of their sign
         (`zero_subnormals`): XLA:CPU and TPUs flush them, GPUs keep them, and an input of
         -1e-40 added to a received +0 would otherwise give +0 on one and -0 on the other.
-        Kept as it is: it costs XLA:CPU little. An 8-device int8 ring of 1M f32 values
-        a device took 14.4 ms of CPU time with it and 14.0 without, two-shot 17.4 and 17.4
-        (best of 21 interleaved calls in one process, 2 cores, jax 0.10.2)."""
+        Kept as it is on every backend: it is one select beside the addition, which XLA:CPU
+        fuses into it."""
         return zero_subnormals(values) if self.quantized and self.acc == jnp.float32 \
             else values
 
@@ -407,7 +406,7 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotation, plan
     gathers = any(step.phase == "gather" for step in sched.steps)
     windows = [None] if len(pieces) == 1 else [(a // unit, m // unit) for a, m in pieces]
     # a codec that decodes each piece where it lies in the result: no concatenation after
-    # (on XLA:TPU a pass over the whole result, 1x psum's bytes)
+    # (on XLA:TPU a pass over the whole result)
     out = jax.ShapeDtypeStruct(chunks.shape, x.dtype) if len(pieces) > 1 and gathers and \
         not rotate and all(wire.codec(None).places(chunks.shape, w) for w in windows) else None
     parts = []

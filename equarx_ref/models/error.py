@@ -1,7 +1,7 @@
 """The error model: how wrong a quantized AllReduce is, before it runs.
 
 Error. Quantizing one value costs a relative RMS error `c = gaussian_relative_error(fmt)` (for
-i.i.d. Gaussian data; about 0.55% for int8, 9.7% for int4, block 32, bf16 scale). A partial sum
+i.i.d. Gaussian data; the Concepts page tabulates it per format). A partial sum
 of k inputs has k times an input's variance, and its quantization error scales with it; errors of
 different quantizations are independent. So a value whose history went through quantized partial
 sums of sizes k_1, k_2, ... ends with error variance c^2 s^2 sum(k_i), and relative to the exact
@@ -18,8 +18,9 @@ received) plus p1 * (1..p2-1) along axis 1 and p1 p2 at the end. Two-shot: p one
 One-shot: p ones: c.
 
 `quantizations` reads those histories off the schedule with `schedule.walk`, the walk the
-executor's data follows; `_size_sum` is the same count in closed form (a v5p slice has 8,960
-chips: too many to walk), held equal to the walk in the tests for every family and many p.
+executor's data follows; `_size_sum` is the same count in closed form where the schedule's row
+has one (`schedule.SCHEDULES`; a v5p slice has 8,960 chips: too many to walk), held equal to the
+walk in the tests for every family and many p.
 """
 
 from __future__ import annotations

@@ -16,17 +16,17 @@ With continuous widths the optimum (Lagrange) gives every send an error share pr
 its cost, c(F_t)^2 w_t = lambda n_t; here the widths are integers (from two below `fmt`'s to
 three above, `int6` ... `int11` around int8, bit-packed) and the block may grow in powers of
 two (fewer scale bits: int9 with a bf16 scale per 128 values costs 9.125 bits), and
-`hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily; within
-3% of an exact search's modelled error on p = 2 ... 16) under the budget: bits per element on
-the wire no more than `fmt`'s. c(F) is `error.gaussian_relative_error`, the model for i.i.d.
-Gaussian data.
+`hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily: a
+heuristic, not an exact search) under the budget: bits per element on the wire no more than
+`fmt`'s. c(F) is `error.gaussian_relative_error`, the model for i.i.d. Gaussian data.
 
-What it reaches (Gaussian data, int8 budget of 8.5 bits; measured values in the sweep): the ring
-at p = 8 goes from 2.12 c(int8) to about 1.7 c(int8); the two-shot algorithm's sqrt(2) c is not
-reached at 8.5 bits. The reason is structural: the ring's reduce-scatter quantizes sums of
-1 + 2 + ... + (p - 1) inputs against the two-shot's p single inputs, and no allocation of the
-same bytes removes that factor of (p - 1) / 2 in the reduce half. Plans are built for up to
-`MAX_DEVICES` devices.
+What it reaches (Gaussian data, an int8 budget of 8.5 bits): the ring's modelled error falls
+below the uniform plan's c sqrt((p + 1) / 2) (`predicted_relative_error(...,
+hop_bits="adaptive")`; the sweep stores what it reaches on data, data/sweep.json), but not to
+the two-shot algorithm's sqrt(2) c. The reason is structural: the ring's reduce-scatter
+quantizes sums of 1 + 2 + ... + (p - 1) inputs against the two-shot's p single inputs, and no
+allocation of the same bytes removes that factor of (p - 1) / 2 in the reduce half. Plans are
+built for up to `MAX_DEVICES` devices.
 """
 
 from __future__ import annotations
