@@ -9,7 +9,10 @@ the one walk over a schedule), `execute.py` (a schedule run as shard_map collect
 `collectives.py` (`all_reduce` and `AllReduce`), `rules.py` (their argument rules) and
 `devices.py` (real or simulated devices, meshes). Everything else sits in a folder named for
 its purpose: `spec/`, `models/`, `remedies/`, `kernels/`, `outliers/`, `gemma/`, `runs/`,
-`viz/`, `multihost/`, `cli/`; imports go one way (docs/contributing.md).
+`viz/`, `multihost/`, `cli/`; imports go one way, the spec under the core under the rest
+(docs/contributing.md). What the core needs from a folder above it (a size gate, a hop plan, a
+rotation, a kernel codec) it looks up by name (`extensions.py`); `_PROVIDERS` here says where
+each lives.
 
 The public API is re-exported here; none of it is defined in this file, only how it loads: on
 first use (PEP 562's module `__getattr__`), so `import equarx_ref` loads nothing else, not even
@@ -67,6 +70,17 @@ _EXPORTS = {
 }
 #: The subpackages named in `__all__` (any other submodule loads on first use too).
 _SUBPACKAGES = ("gemma", "kernels", "outliers", "viz")
+#: Where the core's extension points are provided (`extensions.py`): what `all_reduce` needs
+#: from the folders above the core, which it looks up by name and imports only when asked.
+_PROVIDERS = {
+    "size_gate": "models.predict:quantizing_saves_bytes",
+    "chip_gate": "models.cost:default_min_bytes",
+    "hop_plan": "models.hops:hop_plan",
+    "rotate": "remedies.rotation:rotate",
+    "unrotate": "remedies.rotation:inverse_rotate",
+    "mosaic_codec": "kernels.mosaic_codec:MosaicCodec",
+    "pallas_ring": "kernels.ring:ring_all_reduce",
+}
 
 
 def __getattr__(name: str):
@@ -108,6 +122,9 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+for _point, _where in _PROVIDERS.items():  # plain Python: loads nothing until looked up
+    importlib.import_module(".extensions", __name__).register(_point, _where)
+del _point, _where
 
 __all__ = [  # `_EXPORTS` and `_SUBPACKAGES` (tests/test_lazy_import.py holds them equal)
     "ALGORITHMS",

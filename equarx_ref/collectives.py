@@ -87,12 +87,11 @@ from ._checks import count
 from .autodiff import reduce_tree
 from .devices import mesh_device_kind
 from .execute import run_schedule, typed_all_gather
+from .extensions import provided
 from .formats import Format
-from .models.cost import default_min_bytes
-from .models.hops import HOP_BITS, hop_plan
-from .models.predict import quantizing_saves_bytes
-from .rules import IMPLS, check_axes, check_config, check_key
-from .schedule import ALGORITHMS
+from .rules import HOP_BITS, IMPLS, check_axes, check_config, check_key
+from .schedule import ALGORITHMS, SCHEDULES
+from .wire import Codec
 
 __all__ = ["ALGORITHMS", "HOP_BITS", "IMPLS", "AllReduce", "all_reduce", "invariant"]
 
@@ -204,12 +203,12 @@ def all_reduce(x, axis_name, *, fmt: Format | None = Format.int8(),  # noqa: B00
                        hop_bits, impl)
 
     return reduce_tree(x, axes, reduce, backward=backward, bucket_bytes=bucket_bytes,
-                       dtype=dtype, key=key, linear=fmt is None or algorithm == "psum")
+                       dtype=dtype, key=key, linear=fmt is None or algorithm not in SCHEDULES)
 
 
 def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, hop_bits, impl):
     """The forward of one buffer: the quantized AllReduce itself (not differentiable)."""
-    if algorithm == "psum":
+    if algorithm not in SCHEDULES:  # "psum": lax.psum itself
         return lax.psum(x, axes if len(axes) > 1 else axes[0])
     if x.size == 0 or math.prod(shape) == 1:  # nothing to send, so nothing to quantize
         return invariant(x, axes)
@@ -218,25 +217,28 @@ def _reduce(x, axes, shape, fmt, algorithm, num_chunks, min_bytes, key, rotate, 
         fmt = None
     if fmt is None:  # unquantized (fmt=None or under the gate): nothing to remedy
         key, rotate, hop_bits = None, False, "uniform"
-    plan = None if hop_bits == "uniform" else hop_plan(
+    # what the arguments ask of the layers above the core: extension points (extensions.py),
+    # each loaded only when asked for (Pallas only for a kernel impl)
+    plan = None if hop_bits == "uniform" else provided("hop_plan")(
         shape if len(shape) > 1 else shape[0], fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)
     if impl == "pallas":
-        from .kernels import ring_all_reduce  # Pallas loads only when asked for
-
-        return ring_all_reduce(x, axes[0], fmt=fmt, algorithm=algorithm, num_chunks=num_chunks)
-    return run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan,
-                        _mesh_axes(axes), impl)
+        return provided("pallas_ring")(x, axes[0], fmt=fmt, algorithm=algorithm,
+                                       num_chunks=num_chunks)
+    rotation = (provided("rotate"), provided("unrotate")) if rotate else None
+    codec = provided("mosaic_codec") if impl == "mosaic" else Codec
+    return run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotation, plan,
+                        _mesh_axes(axes), codec)
 
 
 def _quantize(x, shape, fmt, algorithm, num_chunks, min_bytes, hop_bits) -> bool:
     """The size gate (`all_reduce`'s `min_bytes`): does this message go quantized?"""
     if min_bytes is None:  # the default: the message alone decides, never the chip
-        return quantizing_saves_bytes(x.size, shape if len(shape) > 1 else shape[0], fmt=fmt,
-                                      algorithm=algorithm, dtype=x.dtype, num_chunks=num_chunks,
-                                      hop_bits=hop_bits)
+        return provided("size_gate")(x.size, shape if len(shape) > 1 else shape[0], fmt=fmt,
+                                     algorithm=algorithm, dtype=x.dtype, num_chunks=num_chunks,
+                                     hop_bits=hop_bits)
     if min_bytes == "auto":  # opt-in: the time model of the chip the mesh runs on
-        min_bytes = default_min_bytes(shape, fmt=fmt, algorithm=algorithm,
-                                      device_kind=mesh_device_kind())
+        min_bytes = provided("chip_gate")(shape, fmt=fmt, algorithm=algorithm,
+                                          device_kind=mesh_device_kind())
     return x.nbytes >= min_bytes
 
 

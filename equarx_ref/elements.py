@@ -54,7 +54,7 @@ def float_values(c: jax.Array, fmt: Format) -> jax.Array:
     normal = lax.bitcast_convert_type((mag << (23 - m)) + ((126 + emin) << 23), jnp.float32)
     mag = jnp.where(mag >= 1 << m, normal, mag.astype(jnp.float32) * 2.0 ** (emin - m))
     # the sign by a product with -1, which keeps -0 (Triton negates as 0 - x, which gives +0:
-    # kernels/gpu.py); XLA:TPU counts the same bytes or fewer (mxfp4 decode: 68x -> 17x)
+    # kernels/gpu.py); XLA:TPU counts the same bytes or fewer for it (data/tpu-bytes.json)
     return mag * jnp.where(c >> (fmt.elem_bits - 1) & 1 == 1, -1.0, 1.0)
 
 
@@ -114,7 +114,7 @@ def pack_codes(codes: jax.Array, fmt: Format) -> jax.Array:
     two halves of the block), any other width g consecutive codes."""
     codes = (codes & ((1 << fmt.elem_bits) - 1)).astype(jnp.int32)
     lead = codes.shape[:-1]
-    if fmt.elem_bits == 4:  # [..., 2, B/2]: the halves' reduction (measured: quantize.py)
+    if fmt.elem_bits == 4:  # [..., 2, B/2]: the halves' reduction (quantize.py, "Speed")
         return _pack_groups(codes.reshape(*lead, 2, -1), 4, axis=-2).reshape(*lead, -1)
     g, _ = _group(fmt.elem_bits)
     groups = codes.reshape(*lead, -1, g)  # [..., B / g, g]
@@ -126,15 +126,14 @@ def decode_elements(payload: jax.Array, fmt: Format, *, from_wire: bool = True,
     """Packed uint8 [..., PB] -> grid values f32 [..., B].
 
     4-bit elements: byte i holds elements i (low nibble) and i + B/2 (high nibble). Two ways to
-    unpack them, for XLA:CPU's sake (jax 0.10; measured, quantize.py's essay, "Speed"):
-    `from_wire` bytes (decode: they arrive from a collective) as a concatenation of the two
-    nibble halves, which XLA materialises once so that every consumer reads plain bytes: one
-    byte per element (an int32 one made a ring hop of 4M values, decode + add + encode, 3.0 ms
-    against 1.7 ms; `mosaic=True`, inside a TPU kernel, widens first: Mosaic refuses shifts of
-    8-bit vectors, "failed to legalize arith.shrui", libtpu of jax 0.10); bytes fresh from
-    `quantize` in the same jit (dequantize) through a broadcast, which keeps XLA from fusing the
-    nibble-packing reduction, and with it the whole quantizer, into the unpacking, which jax
-    0.10.2 runs about ten times slower (int4 9.7x int8).
+    unpack them, for XLA:CPU's sake (quantize.py's essay, "Speed"): `from_wire` bytes (decode:
+    they arrive from a collective) as a concatenation of the two nibble halves, which XLA
+    materialises once so that every consumer reads plain bytes: one byte per element (an int32
+    one would double a ring hop's decode + add + encode; `mosaic=True`, inside a TPU kernel,
+    widens first: Mosaic refuses shifts of 8-bit vectors, "failed to legalize arith.shrui");
+    bytes fresh from `quantize` in the same jit (dequantize) through a broadcast, which keeps
+    XLA from fusing the nibble-packing reduction, and with it the whole quantizer, into the
+    unpacking, a loop XLA:CPU runs many times slower.
     """
     if fmt.elem_bits == 4 and from_wire:
         wide = payload.astype(jnp.int32) if mosaic else payload

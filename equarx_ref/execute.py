@@ -48,11 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .models.hops import HopPlan
 from .quantize import rank_order_sum, zero_subnormals
-from .remedies.rotation import inverse_rotate
-from .remedies.rotation import rotate as rotate_blocks
-from .schedule import Schedule, layout, make_schedule
+from .schedule import HopPlan, Schedule, layout, make_schedule
 from .wire import Codec, Message
 
 __all__ = ["run_schedule", "typed_all_gather"]
@@ -66,14 +63,10 @@ class _Wire:
 
     GATHER = 1 << 20  # the gather phase's "time" in the key
 
-    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=(), impl="xla"):
+    def __init__(self, fmt, dtype, plan: HopPlan | None, key, me, mesh_axes=(), codec=Codec):
         self.plan, self.key, self.me, self.mesh_axes = plan, key, me, mesh_axes
-        if impl == "mosaic" and fmt is not None:  # the kernels code each message
-            from .kernels.mosaic_codec import MosaicCodec  # Pallas loads only when asked for
-
-            self.default = MosaicCodec(fmt, dtype)
-        else:
-            self.default = Codec(fmt, dtype)
+        # a backend's codec codes each quantized message; raw bits go through `wire.Codec`
+        self.default = codec(fmt, dtype) if fmt is not None else Codec(fmt, dtype)
         self.align = plan.align if plan is not None else self.default.align
         self.codecs = {} if plan is None else {
             t: Codec(f, dtype) for t, f in (*plan.reduce, (None, plan.gather))}
@@ -124,9 +117,9 @@ class _Rows:
     only its columns `window` (`(first, columns)` of axis 1: a pipelined piece; None: all), not
     cut out yet: a codec that `places` them reads them where they lie (`MosaicCodec.encode_at`,
     `MosaicCodec.hop_at`); for any other, or where the rows are not on whole tiles, `cut`. XLA:TPU
-    writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring
-    that was a whole extra pass over the input, 1x psum's bytes (libtpu 0.0.42.1,
-    `runs/tpu_bytes.py`), and cutting a pipeline's pieces out of the input another."""
+    writes a slice that feeds a kernel to HBM first, a custom call cannot fuse it: on a ring a
+    whole extra pass over the input, and cutting a pipeline's pieces out of the input another
+    (`runs/tpu_bytes.py` counts them: data/tpu-bytes.json)."""
 
     def __init__(self, source: jax.Array, start, count: int, window=None):
         self.source, self.start, self.window = source, start, window
@@ -309,9 +302,8 @@ class _Held:
         """A quantized schedule adds f32 values whose subnormals read as zeros of their sign
         (`zero_subnormals`): XLA:CPU and TPUs flush them, GPUs keep them, and an input of
         -1e-40 added to a received +0 would otherwise give +0 on one and -0 on the other.
-        Kept as it is: it costs XLA:CPU little. An 8-device int8 ring of 1M f32 values
-        a device took 14.4 ms of CPU time with it and 14.0 without, two-shot 17.4 and 17.4
-        (best of 21 interleaved calls in one process, 2 cores, jax 0.10.2)."""
+        Kept as it is on every backend: it is one select beside the addition, which XLA:CPU
+        fuses into it."""
         return zero_subnormals(values) if self.quantized and self.acc == jnp.float32 \
             else values
 
@@ -385,21 +377,26 @@ def _gather_phase(sched: Schedule, held: _Held, wire: _Wire, axes, dtype,
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8, 9, 10))
-def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, mesh_axes,
-                 impl="xla"):
-    """Execute the schedule. Jitted on its own so that a `shard_map` run without an outer
-    `jax.jit` compiles once instead of dispatching every small operation eagerly (measured:
-    74 s instead of 1.4 s for 4096 values on 8 CPU devices); inside `jit` it is inlined."""
+def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotation, plan, mesh_axes,
+                 codec=Codec):
+    """Execute the schedule. What the caller chose above the core comes in as arguments: the
+    `rotation` (None, or a pair of functions `(values, block) -> values`, applied once before
+    the first hop and once after the last), the hop `plan` (None: `fmt` on every step) and the
+    `codec` class that codes each quantized message (`wire.Codec`, or a backend's).
+
+    Jitted on its own so that a `shard_map` run without an outer `jax.jit` compiles once
+    instead of dispatching every small operation eagerly; inside `jit` it is inlined."""
     n = x.size
     sched = make_schedule(algorithm, shape)
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
-    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes, impl)
+    wire = _Wire(fmt, x.dtype, plan, key, me, mesh_axes, codec)
+    rotate = rotation is not None
     length, pieces = layout(n, sched.chunk_count, wire.align, num_chunks)
     flat = x.reshape(-1)  # stays in x's dtype: each chunk is converted where a hop reads it
     if sched.chunk_count * length > n:
         flat = jnp.pad(flat, (0, sched.chunk_count * length - n))
     if rotate:  # once, at the input: the schedule then sums rotated blocks
-        flat = rotate_blocks(flat, fmt.block_size)
+        flat = rotation[0](flat, fmt.block_size)
     chunks, unit = flat.reshape(sched.chunk_count, length), 1  # [chunks, L]
     if wire.default.dense and all(v % 128 == 0 for piece in pieces for v in piece):
         # rows of 128 values, the view a TPU holds a flat array in, whose tiles the Mosaic
@@ -409,7 +406,7 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
     gathers = any(step.phase == "gather" for step in sched.steps)
     windows = [None] if len(pieces) == 1 else [(a // unit, m // unit) for a, m in pieces]
     # a codec that decodes each piece where it lies in the result: no concatenation after
-    # (on XLA:TPU a pass over the whole result, 1x psum's bytes)
+    # (on XLA:TPU a pass over the whole result)
     out = jax.ShapeDtypeStruct(chunks.shape, x.dtype) if len(pieces) > 1 and gathers and \
         not rotate and all(wire.codec(None).places(chunks.shape, w) for w in windows) else None
     parts = []
@@ -426,5 +423,5 @@ def run_schedule(x, key, axes, shape, fmt, algorithm, num_chunks, rotate, plan, 
     if out is None:  # as `chunks`
         out = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     if rotate:  # once, at the end, on the same decoded values on every device
-        out = inverse_rotate(out.reshape(-1), fmt.block_size)
+        out = rotation[1](out.reshape(-1), fmt.block_size)
     return out.reshape(-1)[:n].reshape(x.shape).astype(x.dtype)

@@ -44,13 +44,16 @@ bits; six-bit elements are bit-packed like int6). Two rules choose the exponent 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from ._checks import count, natural_sorted
+from .spec.formats import ELEMENTS, MX
 
 __all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "SCALE_RULES", "UNQUANTIZED", "Format", "format_label",
            "parse_format"]
@@ -58,14 +61,14 @@ __all__ = ["FORMAT_NAMES", "SCALE_DTYPES", "SCALE_RULES", "UNQUANTIZED", "Format
 # Scale types: name -> bits on the wire. "e8m0" is a power-of-two exponent byte (MX).
 SCALE_DTYPES = {"bfloat16": 16, "float32": 32, "e8m0": 8}
 
-# Float element grids: (exponent bits, mantissa bits, smallest normal exponent, largest value).
-_FLOAT_ELEMENTS = {
-    "e4m3": (4, 3, -6, 448.0),  # float8_e4m3fn: no infinities, 480 would be NaN
-    "e5m2": (5, 2, -14, 57344.0),  # float8_e5m2
-    "e2m1": (2, 1, 0, 6.0),  # fp4: {0, 0.5, 1, 1.5, 2, 3, 4, 6}
-    "e2m3": (2, 3, 0, 7.5),  # fp6 (OCP MX): bias 1, no inf/NaN
-    "e3m2": (3, 2, -2, 28.0),  # fp6 (OCP MX): bias 3, no inf/NaN
-}
+
+@functools.cache
+def _float_element(dtype) -> tuple[str, int, int, int, float]:
+    """A float element type's grid as `Format` reads it, from ml_dtypes' `finfo`: (its name
+    "eXmY", exponent bits, mantissa bits, smallest normal exponent, largest finite value);
+    e4m3fn: ("e4m3", 4, 3, -6, 448.0), no infinities (480 would be NaN)."""
+    info = ml_dtypes.finfo(dtype)
+    return f"e{info.nexp}m{info.nmant}", info.nexp, info.nmant, info.minexp, float(info.max)
 
 
 def _scale_name(scale_dtype) -> str:
@@ -82,20 +85,9 @@ def _scale_name(scale_dtype) -> str:
     return name
 
 
-# Element types by format name: (element grid, bits). "int" is symmetric integer.
-_ELEMENTS = {
-    "int8": ("int", 8),
-    "int4": ("int", 4),
-    "fp8_e4m3": ("e4m3", 8),
-    "fp8_e5m2": ("e5m2", 8),
-    "fp6_e2m3": ("e2m3", 6),
-    "fp6_e3m2": ("e3m2", 6),
-    "fp4_e2m1": ("e2m1", 4),
-    **{f"int{b}": ("int", b) for b in range(2, 13) if b not in (4, 8)},  # bit-packed widths
-}
-# MX presets: element name and the fixed E8M0 scale (OCP MX v1.0).
-_MX = {"mxfp8": "fp8_e4m3", "mxfp6_e2m3": "fp6_e2m3", "mxfp6_e3m2": "fp6_e3m2",
-       "mxfp4": "fp4_e2m1", "mxint8": "int8"}
+# The format names and their elements are the spec's tables (spec/formats.py): `ELEMENTS`,
+# each name's ml_dtypes element type (None: a symmetric integer) and bits, and `MX`, the
+# presets whose scale is always E8M0. Read where used, so a row added there is a format here.
 #: How an E8M0 (power-of-two) scale is chosen: "ceil" never clips, "floor" is OCP MX v1.0's.
 SCALE_RULES = ("ceil", "floor")
 _SCALE_SHORT = {"bf16": "bfloat16", "f32": "float32", "e8m0": "e8m0"}
@@ -142,17 +134,16 @@ class Format:
     scale_rule: str | None = None  # None: "floor" for E8M0 scales, else "ceil"
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or (self.name not in _ELEMENTS and
-                                              self.name not in _MX):
+        if not isinstance(self.name, str) or self.name not in ELEMENTS:
             hint = (" (Format's fields are name, block_size, scale_dtype: e.g. "
                     "Format('int8', 32, 'bfloat16'))" if not isinstance(self.name, str) else "")
             raise ValueError(f"unknown format name {self.name!r}; choose one of "
-                             f"{natural_sorted([*_ELEMENTS, *_MX])}{hint}")
+                             f"{natural_sorted(ELEMENTS)}{hint}")
         object.__setattr__(self, "block_size", count(self.block_size, "block_size",
                                                        maximum=MAX_BLOCK_SIZE))
-        default = "e8m0" if self.name in _MX else "bfloat16"
+        default = "e8m0" if self.name in MX else "bfloat16"
         scale = default if self.scale_dtype is None else _scale_name(self.scale_dtype)
-        if self.name in _MX and scale != "e8m0":
+        if self.name in MX and scale != "e8m0":
             raise ValueError(f"{self.name} is an MX format: its scale is e8m0, "
                              f"got scale_dtype={self.scale_dtype!r}")
         object.__setattr__(self, "scale_dtype", scale)
@@ -205,7 +196,7 @@ class Format:
               scale_rule: str = "floor") -> Format:
         """OCP MXFP6: e2m3 (default) or e3m2 elements, bit-packed, one E8M0 scale per 32
         values (6.25 bits)."""
-        if element not in ("e2m3", "e3m2"):
+        if not isinstance(element, str) or f"mxfp6_{element}" not in MX:
             raise ValueError(f"mxfp6 element must be 'e2m3' or 'e3m2', got {element!r}")
         return cls(f"mxfp6_{element}", block_size, "e8m0", scale_rule)
 
@@ -244,7 +235,7 @@ class Format:
             raise ValueError(f"format {text!r}: {e}") from None
 
     def __str__(self) -> str:
-        default_scale = "e8m0" if self.name in _MX else "bfloat16"
+        default_scale = "e8m0" if self.name in MX else "bfloat16"
         parts = [self.name]
         if self.block_size != 32:
             parts.append(f"b{self.block_size}")
@@ -265,12 +256,20 @@ class Format:
     @property
     def element(self) -> str:
         """The element grid: "int" (symmetric integers), or a float grid "e4m3", "e5m2", "e2m1"."""
-        return _ELEMENTS[_MX.get(self.name, self.name)][0]
+        dtype = ELEMENTS[MX.get(self.name, self.name)][0]
+        return "int" if dtype is None else _float_element(dtype)[0]
 
     @property
     def elem_bits(self) -> int:
         """Bits of one element on the wire (4-bit elements travel two a byte)."""
-        return _ELEMENTS[_MX.get(self.name, self.name)][1]
+        return ELEMENTS[MX.get(self.name, self.name)][1]
+
+    def _float(self) -> tuple[str, int, int, int, float]:
+        """The float element's grid (`_float_element`); ValueError for integer elements."""
+        dtype = ELEMENTS[MX.get(self.name, self.name)][0]
+        if dtype is None:
+            raise ValueError(f"{self.name} has integer elements")
+        return _float_element(dtype)
 
     @property
     def is_int(self) -> bool:
@@ -286,21 +285,17 @@ class Format:
         """Largest magnitude an element can hold (qmax for integers)."""
         if self.is_int:
             return float(2 ** (self.elem_bits - 1) - 1)
-        return _FLOAT_ELEMENTS[self.element][3]
+        return self._float()[4]
 
     @property
     def mant_bits(self) -> int:
         """Mantissa bits of a float element (ValueError for integer elements)."""
-        if self.is_int:
-            raise ValueError(f"{self.name} has integer elements")
-        return _FLOAT_ELEMENTS[self.element][1]
+        return self._float()[2]
 
     @property
     def min_exponent(self) -> int:
         """Smallest normal exponent of a float element; below it the grid is evenly spaced."""
-        if self.is_int:
-            raise ValueError(f"{self.name} has integer elements")
-        return _FLOAT_ELEMENTS[self.element][2]
+        return self._float()[3]
 
     @property
     def scale_bits(self) -> int:
@@ -350,7 +345,7 @@ class Format:
         """All non-negative element values the format can represent (before scaling)."""
         if self.is_int:
             return np.arange(int(self.elem_max) + 1, dtype=np.float64)
-        _, m, emin, vmax = _FLOAT_ELEMENTS[self.element]
+        _, _, m, emin, vmax = self._float()
         values = {0.0}
         e = emin
         while 2.0**e <= vmax:

@@ -55,31 +55,20 @@ Edge cases, all deliberate:
   0 * inf = NaN: non-finite, whatever the payload. Other blocks are untouched.
 
 Speed. Quantizing is compute bound on a CPU: its cost is the operations per element, and
-XLA:CPU's fusion decides how many there are. Measured: CPU time, 4M values,
-quantize + dequantize under one jit, the least of 5 calls interleaved across formats.
-(1) The cause of int4's regression: `dequantize` unpacked 4-bit elements as a concatenation
-of the two nibble halves, and XLA fused the whole quantizer and its nibble-packing reduction
-into that concatenation (one fusion of 245 operations), a loop that jax 0.10.2's XLA:CPU
-runs about ten times slower per element: int4 9.7x int8's time, int4/f32 and fp4 12x (jax
-0.12 builds the same fusion and runs it at 0.7x). So `dequantize` unpacks through a broadcast, which
-keeps the packing out: int4 0.9x on the old code with only that changed. `decode` (wire.py: bytes
-off the wire, no quantizer to fuse) keeps the concatenation. (2) XLA fuses cheap per-block
-operations into the per-element loop that reads them through a broadcast, so the scale
-search (estimate, exact steps, `range_factor`, 1/s) ran again for every element of its block: an
-exact integer division by a per-block 1 that XLA cannot fold (`_once`) makes it compute the
-scale once (int8 10-12 ms -> 5-6 ms, int4/f32 22 -> 6 ms, both jax versions). (3) The
-rounding compares x with one midpoint only, a plain product for bf16 scales, and reads the
-codes off the rounded units directly (`_nearest_codes`). All three: int8 22.5 -> 5.7 ms,
-int4 219 -> 5.5 ms (jax 0.10.2); int8 32 -> 5.3 ms, int4 23 -> 5.3 ms (jax 0.12).
-(4) The subnormal rule as a select on the input, ahead of the amax reduction, made XLA:CPU
-write the selected f32 input out in a pass of its own (a 64 MiB array for 16M values) and
-read it back twice: encode took about 5x its time. On the element path only,
-beside the select that zeroes a non-finite block, it fuses into the loop. Measured side by
-side on 2 CPU cores, jax 0.10.2, process CPU time of the best of 15 interleaved calls, the
-code before the rule (d081d17) / the select ahead of the reduction (390c109) / the element
-path: `wire.encode` of 16M bf16 values int8 9.2 / 44 / 10.0 ms, int4 9.1 / 45 / 9.4 ms,
-mxfp8 7.2 / 41 / 7.6 ms; quantize + dequantize int8 of 64 MiB 50-53 / 77-80 / 48-54 ms. The
-rule's own cost, the same code with and without it in one process: 4-9% of encode.
+XLA:CPU's fusion decides how many there are. Four choices keep them few (the codec's timings
+are stored by `equarx-ref bench`, data/bench.json, and drawn on the Results page):
+(1) `dequantize` unpacks 4-bit elements through a broadcast, not as a concatenation of the two
+nibble halves: XLA fuses the whole quantizer and its nibble-packing reduction into such a
+concatenation, one loop that XLA:CPU runs many times slower per element. `decode` (wire.py:
+bytes off the wire, no quantizer to fuse) keeps the concatenation. (2) XLA fuses cheap
+per-block operations into the per-element loop that reads them through a broadcast, so the
+scale search (estimate, exact steps, `range_factor`, 1/s) would run again for every element of
+its block: an exact integer division by a per-block 1 that XLA cannot fold (`_once`) makes it
+compute the scale once. (3) The rounding compares x with one midpoint only, a plain product for
+bf16 scales, and reads the codes off the rounded units directly (`_nearest_codes`). (4) The
+subnormal rule sits on the element path, beside the select that zeroes a non-finite block,
+where it fuses into the loop; as a select on the input ahead of the amax reduction it would
+make XLA:CPU write the selected f32 input out in a pass of its own and read it back twice.
 """
 
 from __future__ import annotations
@@ -329,10 +318,10 @@ def _once(a: jax.Array, amax: jax.Array) -> jax.Array:
 
     XLA:CPU fuses cheap per-block operations into the per-element loop that reads them through
     a broadcast, so, unless a block's scale is also an output of its own, the whole scale
-    search ran again for every element of the block (jax 0.10.2 and 0.12; "Speed" in the
-    module essay). XLA never duplicates a division into a loop that reuses its elements: an
-    exact integer division of a's bits by a per-block 1 (amax is never negative, NaN < 0 is
-    false) that XLA cannot fold away makes the per-element loop read a stored array.
+    search runs again for every element of the block ("Speed" in the module essay). XLA
+    never duplicates a division into a loop that reuses its elements: an exact integer
+    division of a's bits by a per-block 1 (amax is never negative, NaN < 0 is false) that XLA
+    cannot fold away makes the per-element loop read a stored array.
     """
     one = 1 + (amax < 0).astype(jnp.int32)
     return lax.bitcast_convert_type(lax.div(lax.bitcast_convert_type(a, jnp.int32), one),
@@ -363,8 +352,7 @@ def quantize_blocks(xb: jax.Array, fmt: Format, key) -> tuple[jax.Array, jax.Arr
     # max |x| as the largest of the magnitudes' bit patterns (sign bit cleared), an int32 max:
     # for non-negative floats the order of the bits is the order of the values, and every NaN
     # lies above +inf, so a NaN decides its block. (A float max would not do: XLA:CPU's
-    # vectorised max can drop a NaN, measured on jax 0.10.2, and a second reduction to find
-    # it cost half again the max's time.)
+    # vectorised max can drop a NaN, and a second reduction to find it is another pass.)
     bits = lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF
     amax = lax.bitcast_convert_type(jnp.max(bits, axis=-1), jnp.float32)
     u = None if key is None else jax.random.uniform(key, xb.shape, jnp.float32)

@@ -13,10 +13,10 @@ In the order they are checked: the algorithm with its format and pipeline depth
 (`key`, `rotate`, `hop_bits`), which act on quantization, so they need a quantized fmt, and a
 rotation a power-of-two block; the implementation (`IMPLS`: "pallas" runs the ring family
 over one mesh axis, round to nearest, no remedies; "mosaic" any schedule, round to nearest,
-uniform hops, the formats its kernels compile for); the pytree arguments
-(`autodiff.check_tree_args`). The axis name must name one axis of the enclosing `shard_map`
-(or `vmap`, `pmap`), or a pair of distinct ones; a key must be one typed key or one raw uint32
-key.
+uniform hops, the formats its kernels code: the codec's `supports`, looked up as an
+extension point, `extensions.py`); the pytree arguments (`autodiff.check_tree_args`). The
+axis name must name one axis of the enclosing `shard_map` (or `vmap`, `pmap`), or a pair of
+distinct ones; a key must be one typed key or one raw uint32 key.
 """
 
 from __future__ import annotations
@@ -28,15 +28,18 @@ from jax import lax
 from ._checks import flag
 from ._checks import min_bytes as check_min_bytes
 from .autodiff import check_tree_args
+from .extensions import provided
 from .formats import Format
-from .models.hops import HOP_BITS, check_hop_bits
-from .schedule import RING_FAMILY, check_algorithm
+from .schedule import RING_FAMILY, SCHEDULES, check_algorithm, in_ring_family
 
-__all__ = ["IMPLS", "check_axes", "check_config", "check_key"]
+__all__ = ["HOP_BITS", "IMPLS", "check_axes", "check_config", "check_hop_bits", "check_key"]
 
 #: How `all_reduce` executes a schedule: shard_map collectives with the XLA codec ("xla") or
 #: with the Mosaic codec's kernels ("mosaic"), or one Pallas TPU kernel ("pallas").
 IMPLS = ("xla", "mosaic", "pallas")
+#: Values of `all_reduce(..., hop_bits=)`: one format everywhere, or a hop-aware plan
+#: (`models/hops.py`).
+HOP_BITS = ("uniform", "adaptive")
 
 
 def check_axes(axis_name) -> tuple[str, ...]:
@@ -82,6 +85,16 @@ def check_config(fmt, algorithm: str, num_chunks: int, min_bytes, stochastic: bo
     return check_tree_args(backward, bucket_bytes, dtype)
 
 
+def check_hop_bits(hop_bits: str, fmt: Format | None) -> None:
+    """Refuse an unknown `hop_bits`, or "adaptive" with a format it cannot plan for."""
+    if hop_bits not in HOP_BITS:
+        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
+    if hop_bits == "adaptive" and (fmt is None or not fmt.is_int or fmt.is_mx):
+        raise ValueError(f"hop_bits='adaptive' plans integer widths with a bf16 or f32 block "
+                         f"scale: fmt must be such an integer format (int8, int4, ...), got "
+                         f"{fmt if fmt is None else str(fmt)!r}")
+
+
 def _check_remedies(fmt: Format | None, stochastic: bool, rotate, hop_bits) -> None:
     """Refuse a remedy that has nothing to act on, or a bad value, naming the argument."""
     flag(rotate, "rotate")
@@ -103,7 +116,7 @@ def _check_impl(impl, algorithm: str, axes, fmt=None, *, stochastic: bool = Fals
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "mosaic":
         _check_mosaic(fmt, algorithm, stochastic, hop_bits)
-    if impl == "pallas" and (algorithm not in RING_FAMILY or len(axes) > 1):
+    if impl == "pallas" and (not in_ring_family(algorithm) or len(axes) > 1):
         what = "a 2D torus" if len(axes) > 1 else f"algorithm {algorithm!r}"
         runs = " and ".join(map(repr, RING_FAMILY))
         raise ValueError(f"impl='pallas' runs {runs} over one mesh axis, not {what}; "
@@ -115,13 +128,12 @@ def _check_impl(impl, algorithm: str, axes, fmt=None, *, stochastic: bool = Fals
 
 def _check_mosaic(fmt, algorithm: str, stochastic: bool, hop_bits: str) -> None:
     """impl='mosaic': the XLA path's schedule, each message coded by the Mosaic codec's kernels
-    (`kernels.codec`): round to nearest, one format, one the kernels code."""
-    from .kernels.tiles import supports  # Pallas loads only when asked for
-
+    (the extension point "mosaic_codec"): round to nearest, one format, one the kernels code."""
     if stochastic or hop_bits != "uniform":
         what = "stochastic rounding (key=)" if stochastic else f"hop_bits={hop_bits!r}"
         raise ValueError(f"impl='mosaic' rounds to nearest in one format: {what} needs "
                          "impl='xla'")
-    if fmt is not None and algorithm != "psum" and not supports(fmt):
+    if fmt is not None and algorithm in SCHEDULES and \
+            not provided("mosaic_codec").supports(fmt):  # Pallas loads only when asked for
         raise ValueError(f"impl='mosaic' codes 8-bit and 4-bit elements in blocks that divide "
                          f"128, not {fmt}; use impl='xla'")

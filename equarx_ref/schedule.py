@@ -49,6 +49,12 @@ the executor encodes the whole buffer); the gather phase sends each owner's sum 
 forwards it. `simulate` (which inputs each result sums), the error model's quantization
 histories and the hop plans' step weights are all this one walk with different values.
 
+The table. `SCHEDULES` has a row per algorithm (`Algorithm`): its builder and what the rest of
+the package reads of it (its lanes, whether it is of the ring family, closed forms of what it
+sends), so no other module branches on an algorithm's name. A new schedule is its builder here,
+its row, and its entry in the cost model (`models/cost.py`, `PHASES`); the executor, the spec,
+the byte count and the error model then run it as they are.
+
 The argument rules of every algorithm live here too (`check_algorithm`), so the executor, the
 models and the kernels refuse the same things with the same words.
 """
@@ -58,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -67,12 +74,18 @@ from .formats import Format
 __all__ = [
     "ALGORITHMS",
     "RING_FAMILY",
+    "SCHEDULES",
+    "Algorithm",
+    "HopPlan",
     "Schedule",
     "Step",
     "Transfer",
     "bidir_ring_schedule",
     "check_algorithm",
+    "chunk_count",
+    "chunks_sent",
     "device_shape",
+    "in_ring_family",
     "layout",
     "make_schedule",
     "one_shot_schedule",
@@ -82,12 +95,6 @@ __all__ = [
     "two_shot_schedule",
     "walk",
 ]
-
-#: Every algorithm `all_reduce` runs; "psum" is `lax.psum` itself, the others are schedules here.
-ALGORITHMS = ("psum", "ring", "bidir_ring", "two_shot", "one_shot")
-#: The rings: they pipeline (`num_chunks`), run over a pair of axes (2D torus) and as a kernel.
-RING_FAMILY = ("ring", "bidir_ring")
-
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
@@ -150,6 +157,32 @@ class Schedule:
                    for t in st.transfers if t.src == device)
 
 
+@dataclasses.dataclass(frozen=True)
+class HopPlan:
+    """One wire format per reduce step (indexed by the schedule's step time) and one for the
+    gather phase: what the executor sends each step in (`all_reduce(..., hop_bits=)`; the error
+    model chooses one, `models/hops.py`). Hashable: it is a static argument of the compiled
+    collective."""
+
+    reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
+    gather: Format | None
+
+    @property
+    def align(self) -> int:
+        """The chunk alignment every format of the plan needs: whole message rows of each
+        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
+        the longest is a multiple of all)."""
+        return max(f.row for f in self.formats)
+
+    @property
+    def formats(self) -> list[Format]:
+        return [f for _, f in self.reduce] + ([self.gather] if self.gather else [])
+
+    def __str__(self) -> str:
+        steps = " ".join(str(f) for _, f in self.reduce)
+        return f"reduce [{steps}]" + (f", gather {self.gather}" if self.gather else "")
+
+
 def device_shape(p) -> tuple[int, ...]:
     """`p` devices, or a (p1, p2) torus, as a shape of positive integers."""
     shape = tuple(p) if isinstance(p, (tuple, list)) else (p,)
@@ -162,19 +195,21 @@ def check_algorithm(algorithm: str, fmt: Format | None, shape: tuple[int, ...] =
                     num_chunks: int = 1) -> None:
     """Refuse what `all_reduce` cannot run: unknown names, a fmt that is not a Format, fmt
     with psum, 2D non-rings, a pipeline depth on a non-ring."""
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+    if not isinstance(algorithm, str) or (algorithm != "psum" and algorithm not in SCHEDULES):
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of "
+                         f"{('psum', *SCHEDULES)}")
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
     if algorithm == "psum" and fmt is not None:
         raise ValueError("algorithm='psum' is the built-in lax.psum and sends x unquantized: "
-                         "pass fmt=None (or pick 'ring', 'bidir_ring', 'two_shot', 'one_shot')")
-    if len(shape) == 2 and algorithm not in RING_FAMILY:
-        raise ValueError(f"a pair of mesh axes (2D torus) takes {RING_FAMILY}, "
-                         f"not {algorithm!r}")
+                         f"pass fmt=None (or pick {', '.join(map(repr, SCHEDULES))})")
+    ring = in_ring_family(algorithm)
+    family = tuple(name for name, a in SCHEDULES.items() if a.ring)
+    if len(shape) == 2 and not ring:
+        raise ValueError(f"a pair of mesh axes (2D torus) takes {family}, not {algorithm!r}")
     count(num_chunks, "num_chunks")
-    if num_chunks > 1 and algorithm not in RING_FAMILY:
-        raise ValueError(f"num_chunks (pipelining) applies to {RING_FAMILY}, not {algorithm!r}")
+    if num_chunks > 1 and not ring:
+        raise ValueError(f"num_chunks (pipelining) applies to {family}, not {algorithm!r}")
 
 
 def _check_p(p: int, what: str = "p") -> None:
@@ -282,21 +317,105 @@ def one_shot_schedule(p: int) -> Schedule:
     return Schedule("one_shot", (p,), 1, (step,), (tuple(range(p)),))
 
 
+# ---- the table: what the rest of the package reads of an algorithm -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """An algorithm with a schedule here, as every other module reads it: by its properties,
+    never by its name. A new schedule is its builder above and its row in `SCHEDULES`, plus
+    its entry in the cost model (`models/cost.py`'s `PHASES`).
+
+    Attributes:
+        build: its schedule over one mesh axis of p devices.
+        lanes: rings that run at once in opposite directions, each on its own chunks (the
+            bidirectional ring: 2); their chunks `lanes * p`, lane j's first `j * p`.
+        ring: of the ring family: it pipelines (`num_chunks`), runs over a pair of mesh axes
+            (`torus_schedule`, bidirectional with two lanes) and as one Pallas kernel.
+        sent: chunk-sized messages one device sends over a shape `(p,)` or `(p1, p2)`, in
+            closed form (a v5p slice has thousands of chips, and a ring p^2 transfers): held
+            against `Schedule.chunks_sent` in the tests. None: counted off the schedule.
+        sizes: the sum of the sizes (inputs summed) of the partial sums chunk 0's final value
+            was quantized at, in closed form, held against the walk (`models/error.py`,
+            which walks the schedule where this is None).
+        chunks: the schedule's `chunk_count` on a shape, in closed form (None: built).
+    """
+
+    build: Callable[[int], Schedule]
+    lanes: int = 1
+    ring: bool = False
+    sent: Callable[[tuple[int, ...]], int] | None = None
+    sizes: Callable[[tuple[int, ...]], int] | None = None
+    chunks: Callable[[tuple[int, ...]], int] | None = None
+
+
+def _axes(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(p1, p2) of a torus, (p, 1) of one axis: a ring is a torus of one column."""
+    return (*shape, 1)[:2]
+
+
+def _ring_family(lanes: int, build: Callable[[int], Schedule]) -> Algorithm:
+    """A ring of `lanes` lanes, over one axis or a torus (reduce along 0, then 1; gather
+    back): 2 p2 (p1 - 1) + 2 (p2 - 1) chunks sent per lane, and a value of chunk 0 quantized
+    at sizes 1 .. p1 - 1 (times p2), then p1 .. p1 (p2 - 1), then at the gather p1 p2."""
+    return Algorithm(
+        build, lanes, ring=True,
+        sent=lambda shape: lanes * (2 * _axes(shape)[1] * (_axes(shape)[0] - 1)
+                                    + 2 * (_axes(shape)[1] - 1)),
+        sizes=lambda shape: (math.prod(shape) * (_axes(shape)[0] - 1) // 2
+                             + math.prod(shape) * (_axes(shape)[1] - 1) // 2 + math.prod(shape)),
+        chunks=lambda shape: lanes * math.prod(shape))
+
+
+#: Every algorithm with a schedule here, in the order tables list them ("psum", `lax.psum`
+#: itself, has none). Read at call time: a row added here is an algorithm everywhere.
+SCHEDULES: dict[str, Algorithm] = {
+    "ring": _ring_family(1, ring_schedule),
+    "bidir_ring": _ring_family(2, bidir_ring_schedule),
+    "two_shot": Algorithm(two_shot_schedule, sent=lambda shape: 2 * (shape[0] - 1),
+                          sizes=lambda shape: 2 * shape[0], chunks=lambda shape: shape[0]),
+    "one_shot": Algorithm(one_shot_schedule, sent=lambda shape: shape[0] - 1,
+                          sizes=lambda shape: shape[0], chunks=lambda shape: 1),
+}
+#: Every algorithm `all_reduce` runs; "psum" is `lax.psum` itself, the others are schedules here.
+ALGORITHMS = ("psum", *SCHEDULES)
+#: The rings: they pipeline (`num_chunks`), run over a pair of axes (2D torus) and as a kernel.
+RING_FAMILY = tuple(name for name, a in SCHEDULES.items() if a.ring)
+
+
+def in_ring_family(algorithm: str) -> bool:
+    """Whether `algorithm` is a ring (`Algorithm.ring`): it pipelines, runs over a torus and
+    as a kernel. "psum" and unknown names are not."""
+    return algorithm in SCHEDULES and SCHEDULES[algorithm].ring
+
+
 def make_schedule(algorithm: str, shape: tuple[int, ...]) -> Schedule:
     """The schedule of `algorithm` (any of `ALGORITHMS` but "psum") on `shape` (p,) or (p1, p2)."""
-    if algorithm == "psum" or algorithm not in ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in SCHEDULES:
         raise ValueError(f"unknown algorithm {algorithm!r} for a schedule; "
-                         f"choose one of {ALGORITHMS[1:]}")
+                         f"choose one of {tuple(SCHEDULES)}")
     if not isinstance(shape, (tuple, list)) or len(shape) not in (1, 2):
         raise ValueError(f"schedules run over one mesh axis or a pair: shape must be (p,) or "
                          f"(p1, p2), got {shape!r}")
     shape = tuple(count(q, "shape (devices per axis)") for q in shape)
     if len(shape) == 2:
         check_algorithm(algorithm, None, shape)
-        return torus_schedule(*shape, bidirectional=algorithm == "bidir_ring")
-    builders = {"ring": ring_schedule, "bidir_ring": bidir_ring_schedule,
-                "two_shot": two_shot_schedule, "one_shot": one_shot_schedule}
-    return builders[algorithm](shape[0])
+        return torus_schedule(*shape, bidirectional=SCHEDULES[algorithm].lanes == 2)
+    return SCHEDULES[algorithm].build(shape[0])
+
+
+def chunk_count(algorithm: str, shape: tuple[int, ...]) -> int:
+    """The chunks `algorithm`'s schedule cuts a vector into on `shape` (closed form where its
+    row has one: no schedule built)."""
+    closed = SCHEDULES[algorithm].chunks
+    return closed(shape) if closed else make_schedule(algorithm, shape).chunk_count
+
+
+def chunks_sent(algorithm: str, shape: tuple[int, ...]) -> int:
+    """Chunk-sized messages one device sends (every device as many) in `algorithm`'s schedule
+    on `shape` (closed form where its row has one)."""
+    closed = SCHEDULES[algorithm].sent
+    return closed(shape) if closed else make_schedule(algorithm, shape).chunks_sent(0)
 
 
 def walk(schedule: Schedule, start: Callable, send: Callable, add: Callable) -> list[list]:

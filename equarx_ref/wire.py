@@ -15,8 +15,8 @@ chunks in rows (`Format.row`), so the layout never has a ragged end.
 
 Why two arrays and not one buffer. One `u8[blocks, PB + scale bytes]` buffer, block after
 block, is the canonical serialization (`to_bytes`, the spec's golden bytes), but rows of 34
-bytes do not line up with anything a chip computes on: a TPU kernel spent ~243x its HBM time
-laying codes and scale bytes into them (REFERENCES.md, "The TPU's own schedule"), and GPUs
+bytes do not line up with anything a chip computes on: a TPU kernel spends hundreds of times its
+HBM time laying codes and scale bytes into them (REFERENCES.md, "The TPU's own schedule"), and GPUs
 write them byte by byte. Laid out block-per-lane, the message is the values' rows transposed:
 a TPU kernel transposes each 128 x 128 tile of values once, finds a block's maximum in
 registers and writes whole vector registers of codes (kernels/codec.py). The XLA codec here
@@ -248,6 +248,12 @@ class Codec:
         index = jnp.asarray(order, jnp.int32)
         return self.decode(jax.tree.map(lambda x: jnp.take(x, index, axis=0), message), m,
                            dtype)
+
+    @staticmethod
+    def supports(fmt) -> bool:
+        """Whether this codec codes `fmt`: any Format (a backend's codec may code fewer, and
+        `rules.py` refuses the others before it runs)."""
+        return isinstance(fmt, Format)
 
     #: `encode` takes a message in the accumulation dtype (`execute.py` hands it f32 rows);
     #: the Mosaic codec (`kernels.mosaic_codec.MosaicCodec`) takes the input's own dtype instead.

@@ -3,7 +3,8 @@ a cycle or a private name taken from another module, and checks that `import equ
 stays light. The layers are `docs/gen/layout.LAYERS` (the contributing page draws them):
 a module may import from its own folder and from the layers below. Every import counts, lazy
 ones too: an import inside a function may keep a module light to load, never hide a cycle.
-The package's `__init__` sits on top (it re-exports).
+The package's `__init__` sits on top (it re-exports, and says where the core's extension
+points are provided: what the core needs from above, it looks up by name, `extensions.py`).
 """
 
 import ast
@@ -68,6 +69,38 @@ def test_imports_go_down():
               for target, _, line in _imports(m)
               if _unit(target) and RANK[_unit(target)] > RANK[_unit(m)]]
     assert not upward, "upward imports:\n  " + "\n  ".join(upward)
+
+
+def test_the_core_imports_only_the_spec_and_itself():
+    """spec <- core <- models, kernels, remedies <- runs <- cli: the core's layers come right
+    after the spec's, and nothing of the core imports a folder that extends it."""
+    core = {unit for units, _ in LAYOUT.LAYERS[1:5] for unit in units}
+    assert {*LAYOUT.CORE, "autodiff"} <= core, core
+    assert LAYOUT.LAYERS[5][0] == ("models", "remedies", "kernels"), LAYOUT.LAYERS[5]
+    above = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {target}"
+             for m in MODULES if _unit(m) in core
+             for target, _, line in _imports(m) if _unit(target) not in core | {"spec", "data"}]
+    assert not above, "the core imports from above:\n  " + "\n  ".join(above)
+
+
+def test_every_extension_point_is_provided_from_above_the_core():
+    """What the core looks up by name (`extensions.POINTS`) is registered by the package root,
+    each from a module above the core that defines the name (read, not imported: Pallas stays
+    unloaded)."""
+    from equarx_ref import extensions
+
+    where = extensions.providers()
+    assert set(where) == set(extensions.POINTS), "every point provided, and no other"
+    for point, spot in where.items():
+        module, _, name = spot.partition(":")
+        module = f"equarx_ref.{module}"
+        assert module in MODULES, f"{point}: no module {module}"
+        assert RANK[_unit(module)] > RANK["rules"], f"{point} is provided from {module}, " \
+            "which is not above the core"
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        defined = {node.name for node in tree.body
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert name in defined, f"{point}: {module} defines no {name}"
 
 
 def test_no_cycles():

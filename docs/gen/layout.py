@@ -19,18 +19,23 @@ PKG = ROOT / "equarx_ref"
 CORE = ("formats", "elements", "scales", "quantize", "wire", "schedule", "execute", "collectives",
         "rules", "devices")
 
-#: Bottom first. A module imports from its own folder and from the layers below, never above.
+#: Bottom first. A module imports from its own folder and from the layers below, never above:
+#: the spec, then the core, then what extends it. What the core needs from above (a size gate,
+#: a hop plan, a rotation, a kernel codec) it looks up by name (`extensions.py`), and the
+#: package's root says where each lives.
 LAYERS = (
     (("spec", "data"), "the spec: NumPy and ml_dtypes only; the stored results: JSON. Neither "
      "imports anything of the package"),
-    (("formats", "devices", "_checks", "_jax_private"), "the element grids and formats; the mesh"),
+    (("extensions", "formats", "devices", "_checks", "_jax_private"),
+     "the core's extension points; the element grids and formats; the mesh"),
     (("elements", "scales"), "element codes and their packing; block scales, exactly"),
-    (("quantize", "wire", "schedule"), "the quantizer; its wire codec; who sends what, when"),
-    (("models", "remedies", "autodiff"),
-     "bytes, error and time read off a schedule; rotation; the derivative of a collective"),
-    (("kernels",), "the Pallas TPU ring, the Mosaic codec and the GPU codec"),
+    (("quantize", "wire", "schedule", "autodiff"),
+     "the quantizer; its wire codec; who sends what, when; the derivative of a collective"),
     (("execute", "collectives", "rules"),
      "a schedule executed; all_reduce and AllReduce; their argument rules"),
+    (("models", "remedies", "kernels"),
+     "bytes, error and time read off a schedule; rotation; the Pallas TPU ring, the Mosaic "
+     "codec and the GPU codec"),
     (("outliers",), "static int4 with outlier features, calibrated"),
     (("gemma",), "the tensor-parallel model that uses them"),
     (("runs", "viz"), "what each command runs; every figure"),

@@ -2,7 +2,8 @@
 
 A stored result (`equarx_ref/data/NAME.json`) is stamped with the package modules behind its
 command and a digest of their code. The modules are the closure, over the package's own imports
-(lazy ones inside functions included), of the entry modules `PRODUCERS` names for the file:
+(lazy ones inside functions included, and the providers of the core's extension points, which
+the core looks up by name), of the entry modules `PRODUCERS` names for the file:
 the module the command's work lives in (runs/, multihost/, outliers/, gemma/); the core comes in
 through their imports. The command's own module in cli/ is left out: it parses the arguments and
 writes what the work returns, so a new flag or help text does not make every result stale.
@@ -102,12 +103,45 @@ def _imports(module: str) -> set[str]:
                 continue
             while parent and not _exists(parent):  # `a.b.c` may name an attribute of `a.b`
                 parent = parent.rpartition(".")[0]
-            if _is_package(parent):
+            if parent == PACKAGE:  # the root re-exports lazily, by its table
+                found.update(_root_table("_EXPORTS", a.name) for a in node.names)
+            elif _is_package(parent):
                 found.update(_from_package(parent, a.name) for a in node.names)
             else:
                 found.add(parent)
-    # the top-level __init__ re-exports lazily: not followed
+    if module == f"{PACKAGE}.extensions":  # the core's extension points: what provides them
+        found.update(_root_table("_PROVIDERS", point) for point in _root_tables()["_PROVIDERS"])
     return {m for m in found if _exists(m) and m != PACKAGE}
+
+
+def _root_tables() -> dict[str, dict]:
+    """The root's tables of where things live (equarx_ref/__init__.py), read, not imported:
+    `_EXPORTS` (public name -> module) and `_PROVIDERS` (extension point -> "module:name")."""
+    tables = {}
+    for node in ast.parse(_path(PACKAGE).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("_EXPORTS", "_PROVIDERS"):
+            tables[node.targets[0].id] = _literal(node.value)
+    return tables
+
+
+def _literal(node) -> dict:
+    """A dict display of string constants, `**dict.fromkeys([...], "module")` entries
+    included (how `_EXPORTS` is written)."""
+    out = {}
+    for key, value in zip(node.keys, node.values, strict=True):
+        if key is None:  # **dict.fromkeys([names], module)
+            names, module = value.args
+            out.update(dict.fromkeys(ast.literal_eval(names), ast.literal_eval(module)))
+        else:
+            out[ast.literal_eval(key)] = ast.literal_eval(value)
+    return out
+
+
+def _root_table(table: str, name: str) -> str:
+    """The module the root's `table` names for `name` (a submodule `eq.gemma` as itself)."""
+    where = _root_tables()[table].get(name, name)
+    return f"{PACKAGE}.{where.partition(':')[0]}"
 
 
 def modules(name: str) -> list[str]:

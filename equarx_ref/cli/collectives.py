@@ -111,7 +111,7 @@ def add_bench(sub) -> None:
     from ..formats import FORMAT_NAMES, UNQUANTIZED
     from ..multihost.launcher import DEFAULT_ALGORITHMS, DEFAULT_FORMATS
     from ..multihost.network import parse_rate
-    from ..schedule import ALGORITHMS
+    from ..schedule import SCHEDULES
 
     fmt_name = argument(format_name)
     rate = argument(lambda text: parse_rate(text) and text)  # checked, kept as typed
@@ -136,7 +136,7 @@ def add_bench(sub) -> None:
                    help="run as this many processes (emulated hosts) of one JAX job")
     p.add_argument("--link", metavar="RATE", type=rate, default=None,
                    help="with --hosts, as root: cap each host's link, e.g. 100mbit, 1gbit")
-    p.add_argument("--algorithms", nargs="+", choices=[a for a in ALGORITHMS if a != "psum"],
+    p.add_argument("--algorithms", nargs="+", choices=list(SCHEDULES),
                    default=None,
                    help=f"with --hosts (default: {' '.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--formats", nargs="+", type=fmt_name, metavar="FMT", default=None,

@@ -22,7 +22,7 @@ from .options import (
 
 def add_model(sub) -> None:
     from ..models.cost import CHIPS
-    from ..schedule import ALGORITHMS
+    from ..schedule import SCHEDULES
 
     p = sub.add_parser("model", help=COMMANDS["model"][0],
                        description="The time model (equarx_ref/models/cost.py) on one TPU chip "
@@ -32,7 +32,7 @@ def add_model(sub) -> None:
                        "figures, not measurements.")
     p.add_argument("--chip", choices=sorted(CHIPS), default="v5e", help="default v5e")
     p.add_argument("--devices", type=at_least(2), default=8, help="chips in the ring (8)")
-    p.add_argument("--algorithm", choices=[a for a in ALGORITHMS if a != "psum"],
+    p.add_argument("--algorithm", choices=list(SCHEDULES),
                    default="bidir_ring", help="default bidir_ring")
     p.add_argument("--json", metavar="PATH", type=writable, default=None,
                    help="write the rows as JSON ('-' for stdout, then the table goes to stderr)")

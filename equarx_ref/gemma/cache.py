@@ -1,7 +1,7 @@
 """A cache for what is slow to derive from a GGUF file: one directory per entry, atomic, checked.
 
-Dequantizing the 270M takes ~25 s and rebuilding its tokenizer ~13 s; both are pure functions of
-the file, so they are stored once under the file's sha256:
+Dequantizing the 270M and rebuilding its tokenizer each take many seconds; both are pure
+functions of the file, so they are stored once under the file's sha256:
 
     <cache_dir()>/<kind>-<sha256 of the GGUF>-v<CACHE_VERSION>/
         <the entry's files>

@@ -12,7 +12,7 @@ A run whose |dNLL| is under 2 SE is *within noise*: on this text its effect on t
 told from zero. The SE treats tokens as independent; neighbouring tokens are correlated, so the
 true uncertainty is somewhat larger, never smaller. KL and top-1 are judged beside the bf16 rows
 (partial sums rounded to bfloat16 and reduced unquantized, the baseline EQuARX compares with):
-top-1 flips wherever the two best tokens are nearly tied, so 100 % is not the bar.
+top-1 flips wherever the two best tokens are nearly tied, so full agreement is not the bar.
 
 Both runs pin every matmul to `precision` (HIGHEST by default, `model.py`), and the report
 records it: on a GPU or TPU the backend's own default would make the "exact" run another model.

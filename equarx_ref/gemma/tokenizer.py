@@ -13,8 +13,8 @@ respelled "▁▁..." to match the normalized text; control tokens (`<bos>`, `<s
 are added as special tokens and user-defined ones (runs of newlines, tabs, ...) as whole-match
 added tokens, as llama.cpp does. Plain text is encoded as text: a string that merely contains
 "<bos>" or "<start_of_turn>" yields the pieces of those characters, never the control ids, unless
-the caller asks for `parse_special=True` (how a chat template is written). Building takes ~13 s,
-so the result is cached (`cache.py`) under the GGUF's sha256.
+the caller asks for `parse_special=True` (how a chat template is written). Building is slow, so
+the result is cached (`cache.py`) under the GGUF's sha256.
 """
 
 from __future__ import annotations

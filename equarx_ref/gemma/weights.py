@@ -11,9 +11,9 @@ the same file must agree with it to rounding. Two conventions need undoing:
 * matrices come in torch-Linear orientation `(out, in)`: `attn_q` is `(N*H, D)`, we store
   `[D, N, H]`, the layout the einsums and the tensor-parallel sharding use.
 
-Dequantizing all 236 tensors takes ~25 s, so the result is cached (`cache.py`) as one `.npy` per
-array, keyed by the file's sha256; later loads memory-map it in about a second. The file itself is
-opened and validated by `gguf_file.py`.
+Dequantizing all 236 tensors is slow, so the result is cached (`cache.py`) as one `.npy` per
+array, keyed by the file's sha256; later loads memory-map it. The file itself is opened and
+validated by `gguf_file.py`.
 """
 
 from __future__ import annotations

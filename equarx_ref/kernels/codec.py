@@ -53,8 +53,8 @@ __all__ = ["ROWS", "VMEM_LIMIT", "checked_format", "decode", "encode", "hop", "r
            "tile_rows"]
 
 #: Rows (lanes of the message) a grid step codes, where the message has that many: 8 tiles of
-#: 128, enough independent work for the scheduler to fill the bundles (libtpu's schedule of
-#: the hops, `runs/tpu_schedule.py`, packed fewer operations a bundle at 2 and 4 tiles).
+#: 128, enough independent work for the scheduler to fill the bundles (fewer tiles leave them
+#: emptier: libtpu's schedule of the hops, `runs/tpu_schedule.py`, data/tpu-schedule.json).
 ROWS = 1024
 #: Scoped VMEM a kernel may use: 64 MiB, half of v5e's and v6e's 128 MiB.
 VMEM_LIMIT = 64 << 20

@@ -56,6 +56,12 @@ class MosaicCodec(Codec):
         # off a TPU (interpret=None): the tile code as XLA ops on whole messages
         self.xla_ops = interpret is None and backend.interpret_params() is not False
 
+    @staticmethod
+    def supports(fmt) -> bool:
+        """Whether the kernels code `fmt` (`tiles.supports`: 8-bit and 4-bit elements, blocks
+        that divide 128 into whole registers)."""
+        return tiles.supports(fmt)
+
     #: `encode` takes a flat message in the input's own dtype: a kernel reads bf16 from HBM,
     #: half an f32 copy's bytes (`execute.py`).
     reads_raw = True

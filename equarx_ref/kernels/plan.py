@@ -15,7 +15,7 @@ import dataclasses
 
 from .._checks import count
 from ..formats import Format
-from ..schedule import RING_FAMILY, layout, make_schedule
+from ..schedule import SCHEDULES, in_ring_family, layout, make_schedule
 from ..wire import Codec, encoded_bytes
 
 __all__ = ["RingPlan", "plan_ring"]
@@ -114,7 +114,7 @@ class RingPlan:
 def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
               num_chunks: int = 1, dtype="float32") -> RingPlan:
     """The static plan of the kernel for `n` values per device on a ring of `p` devices."""
-    if algorithm not in RING_FAMILY:
+    if not in_ring_family(algorithm):
         raise ValueError(f"the Pallas kernel runs algorithm 'ring' or 'bidir_ring', got "
                          f"{algorithm!r} (use impl='xla' for the others)")
     count(p, "p (devices)")
@@ -123,7 +123,7 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
     codec = Codec(fmt, dtype)
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
-    lanes = ((0, +1),) if algorithm == "ring" else ((0, +1), (p, -1))
+    lanes = ((0, +1), (p, -1))[:SCHEDULES[algorithm].lanes]  # lane j: chunks from j p
     return RingPlan(p, n, sched.chunk_count, length, pieces,
                     tuple(encoded_bytes(size, fmt, dtype) for _, size in pieces), lanes,
                     len(pieces) + 1)

@@ -59,14 +59,10 @@ as evenly as it can), and each length gets buffers of its own, so every DMA move
 whatever the length: 96 values, 4096, odd block counts, and pieces shorter than one 128-lane
 tile row (32 values of int8, 37 of bf16: VMEM pads the row, the DMA moves the piece), so no
 length needs a fallback. Compiled with libtpu from a CPU machine (`runs/tpu_matrix.py`, the
-compile tier of tests/run.sh, record in equarx_ref/data/tpu.json) the ring and the bidirectional
-ring build for v5e and v6e with every format (bf16 and f32 raw bits, int8, int4, fp8_e4m3,
-fp8_e5m2, mxfp8, mxfp6_e2m3, mxfp4), p = 2, 4, 8, pipelined or not. They build for v5p too
-(v5p:2x2x2, the kernels only: docs/data/tpu-v5p-v4.json), not for v4: every kernel and format
-is refused with "infer-vector-layout: unsupported shape cast", v4's Mosaic (libtpu 0.0.42.1)
-declining to reshape a vector of bytes into the codec's rows (in the int8 hop: `tpu.reshape
-vector<8x1088xi8> -> vector<8x32x34xi8>`). Compiled is not run: no TPU run or timing of this
-kernel is claimed; interpret mode proves it bitwise and race-free.
+compile tier of tests/run.sh), the ring and the bidirectional ring build for the chips,
+formats, device counts and pipeline depths its record lists (equarx_ref/data/tpu.json; v5p and
+v4: docs/data/tpu-v5p-v4.json). Compiled is not run: no TPU run or timing of this kernel is
+claimed; interpret mode proves it bitwise and race-free.
 
 Limits, stated plainly. The steps are unrolled when tracing ((2p - 1) k per lane), so the
 program grows with p and k: fine for a slice's ring of 4-16 chips, not for hundreds. VMEM holds

@@ -11,5 +11,6 @@
 - `prefill.py`: the modelled prefill time of a tensor-parallel Gemma 3;
 - `hlo.py`: the bytes a compiled program really sends, to hold the predictions to.
 
-Everything here imports only the core (formats, quantize, schedule); the executor imports it.
+Everything here imports only the core (formats, quantize, schedule); the core imports nothing
+from here, and looks up the size gates and the hop plan by name (`extensions.py`).
 """

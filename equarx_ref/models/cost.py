@@ -83,10 +83,10 @@ import math
 from .. import data
 from .._checks import count, number, value_dtype
 from ..formats import Format
-from ..schedule import RING_FAMILY, check_algorithm, device_shape, layout
+from ..schedule import SCHEDULES, Algorithm, check_algorithm, device_shape, in_ring_family, layout
 from ..wire import encoded_bytes
 
-__all__ = ["CHIPS", "DEVICE_KINDS", "FRESH_BYTES", "PRIMITIVES", "Chip", "as_chip",
+__all__ = ["CHIPS", "DEVICE_KINDS", "FRESH_BYTES", "PHASES", "PRIMITIVES", "Chip", "as_chip",
            "best_num_chunks", "crossover_bytes", "default_min_bytes", "phases", "predicted_time",
            "primitive_hops", "timeline"]
 
@@ -303,77 +303,97 @@ def phases(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16",
     """
     n = count(n, "n (values)", minimum=0)
     dtype = value_dtype(dtype)
-    itemsize = dtype.itemsize
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
     total = math.prod(shape)
-    if algorithm == "psum":  # XLA's own AllReduce: a bidirectional ring, no quantization
+    if algorithm not in SCHEDULES:  # psum, XLA's own AllReduce: a bidirectional ring, unquantized
         algorithm, fmt = "bidir_ring", None
     if n == 0 or total == 1:
         return []
     shape = tuple(q for q in shape if q > 1)  # an axis of one device has no hops, no passes
-    quantized = int(fmt is not None)
+    return PHASES[algorithm](n, shape, fmt, dtype, SCHEDULES[algorithm])
+
+
+def _ring_phases(n: int, shape: tuple[int, ...], fmt: Format | None, dtype,
+                 row: Algorithm) -> list[Phase]:
+    """The ring family's phases (`row.lanes` rings at once): reduce-scatters along each axis,
+    then all-gathers back, whose hops decode what arrives."""
+    itemsize, total, quantized = dtype.itemsize, math.prod(shape), int(fmt is not None)
     out: list[Phase] = []
-    if algorithm in RING_FAMILY:
-        d = 2 if algorithm == "bidir_ring" else 1
-        chunk = layout(n, total * d, fmt.row if fmt else 1, 1)[0]
-        # priced with the first phase's hops: each lane's first message, encoded before the
-        # first hop (a pass per lane), and the owner's own sums, decoded with the gathered ones
-        # (the lanes' bytes in one pass, as a gather hop decodes both lanes' arrivals in one)
-        message = chunk * total // shape[0]  # a first hop's chunk: what axis 0 splits further
-        first = quantized * d * (encoded_bytes(message, fmt, dtype) + message * itemsize)
-        own = quantized * d * (encoded_bytes(chunk, fmt, dtype) + chunk * itemsize)
-        # along each axis in turn: messages hold the chunks still to be split further
-        lead = total
-        for i, q in enumerate(shape):
-            lead //= q
-            enc = encoded_bytes(chunk * lead, fmt, dtype)
-            hop, encode = d * (2 * enc + chunk * lead * itemsize), (i == 0) * first / (q - 1)
-            out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc, hop + encode,
-                             pipelined=True, quantizes=quantized * d * (2 + (i == 0) / (q - 1)),
-                             sent_bytes=d * enc,
-                             primitive="two_way_permute" if d == 2 else "permute",
-                             kernels=(("hop", hop), ("encode", encode))))
-        lead = 1
-        for i, q in enumerate(reversed(shape)):  # gathers run back, decoding as chunks come
-            hops = primitive_hops("all_gather", q)
-            arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
-            decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops) \
-                + (i == 0) * own / hops
-            out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
-                             pipelined=True, quantizes=quantized * (1 + (i == 0) / hops),
-                             sent_bytes=arriving,
-                             primitive="all_gather", kernels=(("decode", decode),)))
-            lead *= q
-        return out
-    (p,) = shape
-    if algorithm == "two_shot":
-        chunk = layout(n, p, fmt.row if fmt else 1, 1)[0]
-        enc = encoded_bytes(chunk, fmt, dtype)
-        per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
-        hops = primitive_hops("all_gather", p)
-        encode, reduce, decode = n * itemsize + p * enc, p * enc + enc, p * enc + n * itemsize
-        out += [Phase("encode", 0, 0.0, encode, quantizes=quantized,
-                      kernels=(("encode", encode),)),
-                Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
-                      sent_bytes=(p - 1) * enc / (p // 2), primitive="all_to_all"),
-                Phase("sum and re-encode", 0, 0.0, reduce, quantizes=2 * quantized,
-                      kernels=(("reduce", reduce),)),
-                Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
-                      sent_bytes=(p - 1) * enc / hops, primitive="all_gather"),
-                Phase("decode", 0, 0.0, decode, quantizes=quantized,
-                      kernels=(("decode", decode),))]
-        return out
-    # one_shot: every input to everyone (a message of whole rows), summed everywhere
+    d = row.lanes
+    chunk = layout(n, total * d, fmt.row if fmt else 1, 1)[0]
+    # priced with the first phase's hops: each lane's first message, encoded before the
+    # first hop (a pass per lane), and the owner's own sums, decoded with the gathered ones
+    # (the lanes' bytes in one pass, as a gather hop decodes both lanes' arrivals in one)
+    message = chunk * total // shape[0]  # a first hop's chunk: what axis 0 splits further
+    first = quantized * d * (encoded_bytes(message, fmt, dtype) + message * itemsize)
+    own = quantized * d * (encoded_bytes(chunk, fmt, dtype) + chunk * itemsize)
+    # along each axis in turn: messages hold the chunks still to be split further
+    lead = total
+    for i, q in enumerate(shape):
+        lead //= q
+        enc = encoded_bytes(chunk * lead, fmt, dtype)
+        hop, encode = d * (2 * enc + chunk * lead * itemsize), (i == 0) * first / (q - 1)
+        out.append(Phase(f"reduce-scatter (axis of {q})", q - 1, enc, hop + encode,
+                         pipelined=True, quantizes=quantized * d * (2 + (i == 0) / (q - 1)),
+                         sent_bytes=d * enc,
+                         primitive="two_way_permute" if d == 2 else "permute",
+                         kernels=(("hop", hop), ("encode", encode))))
+    lead = 1
+    for i, q in enumerate(reversed(shape)):  # gathers run back, decoding as chunks come
+        hops = primitive_hops("all_gather", q)
+        arriving = (q - 1) * d * encoded_bytes(chunk * lead, fmt, dtype) / hops
+        decode = quantized * (arriving + (q - 1) * d * chunk * lead * itemsize / hops) \
+            + (i == 0) * own / hops
+        out.append(Phase(f"all-gather (axis of {q})", hops, arriving / 2, decode,
+                         pipelined=True, quantizes=quantized * (1 + (i == 0) / hops),
+                         sent_bytes=arriving,
+                         primitive="all_gather", kernels=(("decode", decode),)))
+        lead *= q
+    return out
+
+
+def _two_shot_phases(n: int, shape: tuple[int, ...], fmt: Format | None, dtype,
+                     row: Algorithm) -> list[Phase]:
+    """Two-shot's phases: encode, all-to-all, sum and re-encode, all-gather, decode."""
+    (p,), itemsize, quantized = shape, dtype.itemsize, int(fmt is not None)
+    chunk = layout(n, p, fmt.row if fmt else 1, 1)[0]
+    enc = encoded_bytes(chunk, fmt, dtype)
+    per_link = (p * p // 4) / 2 * enc  # chunk-hops on the busiest link direction
+    hops = primitive_hops("all_gather", p)
+    encode, reduce, decode = n * itemsize + p * enc, p * enc + enc, p * enc + n * itemsize
+    return [Phase("encode", 0, 0.0, encode, quantizes=quantized,
+                  kernels=(("encode", encode),)),
+            Phase("all-to-all", p // 2, per_link / (p // 2), 0.0,
+                  sent_bytes=(p - 1) * enc / (p // 2), primitive="all_to_all"),
+            Phase("sum and re-encode", 0, 0.0, reduce, quantizes=2 * quantized,
+                  kernels=(("reduce", reduce),)),
+            Phase("all-gather", hops, (p - 1) * enc / 2 / hops, 0.0,
+                  sent_bytes=(p - 1) * enc / hops, primitive="all_gather"),
+            Phase("decode", 0, 0.0, decode, quantizes=quantized,
+                  kernels=(("decode", decode),))]
+
+
+def _one_shot_phases(n: int, shape: tuple[int, ...], fmt: Format | None, dtype,
+                     row: Algorithm) -> list[Phase]:
+    """One-shot's phases: every input to everyone (a message of whole rows), summed
+    everywhere."""
+    (p,), itemsize, quantized = shape, dtype.itemsize, int(fmt is not None)
     enc_all = encoded_bytes(layout(n, 1, fmt.row if fmt else 1, 1)[0], fmt, dtype)
     hops = primitive_hops("all_gather", p)
     encode, reduce = n * itemsize + enc_all, p * enc_all + n * itemsize
-    out += [Phase("encode", 0, 0.0, encode, quantizes=quantized, kernels=(("encode", encode),)),
+    return [Phase("encode", 0, 0.0, encode, quantizes=quantized,
+                  kernels=(("encode", encode),)),
             Phase("all-gather", hops, (p - 1) * enc_all / 2 / hops, 0.0,
                   sent_bytes=(p - 1) * enc_all / hops, primitive="all_gather"),
             Phase("decode and sum", 0, 0.0, reduce, quantizes=quantized,
                   kernels=(("reduce", reduce),))]
-    return out
+
+
+#: Each schedule's entry in the cost model: `(n, shape, fmt, dtype, row) -> phases`, with
+#: `shape` its axes of more than one device and `row` its `schedule.SCHEDULES` row.
+PHASES = {"ring": _ring_phases, "bidir_ring": _ring_phases, "two_shot": _two_shot_phases,
+          "one_shot": _one_shot_phases}
 
 
 def _phase_time(ph: Phase, chip: Chip, k: int, fmt: Format | None) -> float:
@@ -434,7 +454,7 @@ def best_num_chunks(n: int, p, *, fmt: Format | None, algorithm: str, chip,
     """The pipeline depth (a power of two up to `max_chunks`) the model finds fastest."""
     max_chunks = count(max_chunks, "max_chunks")
     predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip, dtype=dtype)  # checks all
-    if algorithm not in RING_FAMILY:
+    if not in_ring_family(algorithm):  # only rings pipeline
         return 1
     depths = [1 << i for i in range(int(math.log2(max_chunks)) + 1)]
     return min(depths, key=lambda k: predicted_time(n, p, fmt=fmt, algorithm=algorithm, chip=chip,
@@ -480,6 +500,6 @@ def default_min_bytes(p, *, fmt: Format, algorithm: str, device_kind: str) -> in
     else (CPU devices, simulated or not, where no link is saved) it is 0: every message is
     quantized, exactly as asked. It reads the chip, so the bits it gives depend on the chip."""
     chip = DEVICE_KINDS.get(device_kind)
-    if chip is None or algorithm == "psum":
+    if chip is None or algorithm not in SCHEDULES:  # psum quantizes nothing
         return 0
     return crossover_bytes(p, fmt=fmt, algorithm=algorithm, chip=chip)

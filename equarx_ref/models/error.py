@@ -1,7 +1,7 @@
 """The error model: how wrong a quantized AllReduce is, before it runs.
 
 Error. Quantizing one value costs a relative RMS error `c = gaussian_relative_error(fmt)` (for
-i.i.d. Gaussian data; about 0.55% for int8, 9.7% for int4, block 32, bf16 scale). A partial sum
+i.i.d. Gaussian data; the Concepts page tabulates it per format). A partial sum
 of k inputs has k times an input's variance, and its quantization error scales with it; errors of
 different quantizations are independent. So a value whose history went through quantized partial
 sums of sizes k_1, k_2, ... ends with error variance c^2 s^2 sum(k_i), and relative to the exact
@@ -18,8 +18,9 @@ received) plus p1 * (1..p2-1) along axis 1 and p1 p2 at the end. Two-shot: p one
 One-shot: p ones: c.
 
 `quantizations` reads those histories off the schedule with `schedule.walk`, the walk the
-executor's data follows; `_size_sum` is the same count in closed form (a v5p slice has 8,960
-chips: too many to walk), held equal to the walk in the tests for every family and many p.
+executor's data follows; `_size_sum` is the same count in closed form where the schedule's row
+has one (`schedule.SCHEDULES`; a v5p slice has 8,960 chips: too many to walk), held equal to the
+walk in the tests for every family and many p.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from .._checks import count
 from ..formats import Format
 from ..quantize import dequantize, quantize
-from ..schedule import ALGORITHMS, Schedule, check_algorithm, device_shape, make_schedule, walk
+from ..schedule import SCHEDULES, Schedule, check_algorithm, device_shape, make_schedule, walk
 
 __all__ = ["gaussian_relative_error", "quantizations", "quantized_sizes", "uniform_relative_error"]
 
@@ -58,21 +59,20 @@ def quantized_sizes(p, *, algorithm: str) -> list[int]:
     """
     shape = device_shape(p)
     check_algorithm(algorithm, None, shape)
-    if algorithm == "psum":
-        raise ValueError(f"psum quantizes nothing; choose one of {ALGORITHMS[1:]}")
+    if algorithm not in SCHEDULES:
+        raise ValueError(f"psum quantizes nothing; choose one of {tuple(SCHEDULES)}")
     if math.prod(shape) == 1:  # one device sends nothing, so quantizes nothing
         return []
     return sorted(k for _, k in quantizations(make_schedule(algorithm, shape))[0])
 
 
 def _size_sum(algorithm: str, shape: tuple[int, ...]) -> int:
-    """Sum of the sizes of the quantized partial sums a value goes through (module essay)."""
-    if len(shape) == 2:  # p2 column rings of 1..p1-1, then p1 * (1..p2-1), then p1 p2
-        p1, p2 = shape
-        return p2 * p1 * (p1 - 1) // 2 + p1 * p2 * (p2 - 1) // 2 + p1 * p2
-    (p,) = shape
-    return {"ring": p * (p + 1) // 2, "bidir_ring": p * (p + 1) // 2, "two_shot": 2 * p,
-            "one_shot": p}[algorithm]
+    """Sum of the sizes of the quantized partial sums a value goes through (module essay): in
+    closed form where the schedule's row has one (`schedule.SCHEDULES`), else walked."""
+    closed = SCHEDULES[algorithm].sizes
+    if closed is not None:
+        return closed(shape)
+    return sum(k for _, k in quantizations(make_schedule(algorithm, shape))[0])
 
 
 @functools.cache

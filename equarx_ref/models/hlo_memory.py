@@ -19,9 +19,9 @@ each byte is for, so a large count can be explained rather than guessed at:
 
 and which bytes stay on chip: an op whose operands and results all carry `S(1)` works in VMEM
 (the core's vector memory, no HBM bandwidth spent); everything else is counted as HBM traffic.
-The tally is an estimate of the compiler's own (the same rule; on the XLA path's compiled
-AllReduces of this package it lands within -2% to +18% of `cost_analysis()`, the one-shot
-ones the farthest, in tpu.json's read-backs), and like it, it counts a while loop's body once.
+The tally is an estimate of the compiler's own (the same rule; tpu.json's read-backs store
+both side by side for the XLA path's compiled AllReduces), and like it, it counts a while
+loop's body once.
 
 A Pallas TPU kernel is one custom call, which both counts treat as free (XLA:TPU cannot see
 inside it). `kernel_io(hlo_text)` is what such a kernel moves when its grid visits every tile

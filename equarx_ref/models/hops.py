@@ -16,72 +16,36 @@ With continuous widths the optimum (Lagrange) gives every send an error share pr
 its cost, c(F_t)^2 w_t = lambda n_t; here the widths are integers (from two below `fmt`'s to
 three above, `int6` ... `int11` around int8, bit-packed) and the block may grow in powers of
 two (fewer scale bits: int9 with a bf16 scale per 128 values costs 9.125 bits), and
-`hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily; within
-3% of an exact search's modelled error on p = 2 ... 16) under the budget: bits per element on
-the wire no more than `fmt`'s. c(F) is `error.gaussian_relative_error`, the model for i.i.d.
-Gaussian data.
+`hop_plan` finds a plan (Lagrangian relaxation, then the leftover bits spent greedily: a
+heuristic, not an exact search) under the budget: bits per element on the wire no more than
+`fmt`'s. c(F) is `error.gaussian_relative_error`, the model for i.i.d. Gaussian data.
 
-What it reaches (Gaussian data, int8 budget of 8.5 bits; measured values in the sweep): the ring
-at p = 8 goes from 2.12 c(int8) to about 1.7 c(int8); the two-shot algorithm's sqrt(2) c is not
-reached at 8.5 bits. The reason is structural: the ring's reduce-scatter quantizes sums of
-1 + 2 + ... + (p - 1) inputs against the two-shot's p single inputs, and no allocation of the
-same bytes removes that factor of (p - 1) / 2 in the reduce half. Plans are built for up to
-`MAX_DEVICES` devices.
+What it reaches (Gaussian data, an int8 budget of 8.5 bits): the ring's modelled error falls
+below the uniform plan's c sqrt((p + 1) / 2) (`predicted_relative_error(...,
+hop_bits="adaptive")`; the sweep stores what it reaches on data, data/sweep.json), but not to
+the two-shot algorithm's sqrt(2) c. The reason is structural: the ring's reduce-scatter
+quantizes sums of 1 + 2 + ... + (p - 1) inputs against the two-shot's p single inputs, and no
+allocation of the same bytes removes that factor of (p - 1) / 2 in the reduce half. Plans are
+built for up to `MAX_DEVICES` devices.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 from .._checks import count
 from ..formats import Format
-from ..schedule import Schedule, check_algorithm, device_shape, make_schedule
+from ..rules import HOP_BITS, check_hop_bits
+from ..schedule import SCHEDULES, HopPlan, Schedule, check_algorithm, device_shape, make_schedule
 from .error import gaussian_relative_error, quantizations
 
 __all__ = ["HOP_BITS", "MAX_DEVICES", "HopPlan", "check_hop_bits", "hop_plan", "step_weights"]
 
-#: Values of `all_reduce(..., hop_bits=)`: one format everywhere, or a hop-aware plan.
-HOP_BITS = ("uniform", "adaptive")
 #: Largest device count a hop-aware plan is searched for.
 MAX_DEVICES = 256
 _WIDTH_RANGE = (-2, 3)  # integer widths a plan may use: fmt's - 2 to fmt's + 3, in [2, 12]
 _BLOCK_GROWTH = 4  # blocks fmt.block_size * 2^j, j = 0..4
-
-
-@dataclasses.dataclass(frozen=True)
-class HopPlan:
-    """One wire format per reduce step (indexed by the schedule's step time) and one for the
-    gather phase. Hashable: it is a static argument of the compiled collective."""
-
-    reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
-    gather: Format | None
-
-    @property
-    def align(self) -> int:
-        """The chunk alignment every format of the plan needs: whole message rows of each
-        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
-        the longest is a multiple of all)."""
-        return max(f.row for f in self.formats)
-
-    @property
-    def formats(self) -> list[Format]:
-        return [f for _, f in self.reduce] + ([self.gather] if self.gather else [])
-
-    def __str__(self) -> str:
-        steps = " ".join(str(f) for _, f in self.reduce)
-        return f"reduce [{steps}]" + (f", gather {self.gather}" if self.gather else "")
-
-
-def check_hop_bits(hop_bits: str, fmt: Format | None) -> None:
-    """Refuse an unknown `hop_bits`, or "adaptive" with a format it cannot plan for."""
-    if hop_bits not in HOP_BITS:
-        raise ValueError(f"hop_bits must be one of {HOP_BITS}, got {hop_bits!r}")
-    if hop_bits == "adaptive" and (fmt is None or not fmt.is_int or fmt.is_mx):
-        raise ValueError(f"hop_bits='adaptive' plans integer widths with a bf16 or f32 block "
-                         f"scale: fmt must be such an integer format (int8, int4, ...), got "
-                         f"{fmt if fmt is None else str(fmt)!r}")
 
 
 def step_weights(sched: Schedule) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
@@ -128,7 +92,7 @@ def hop_plan(p, *, fmt: Format, algorithm: str, hop_bits: str = "adaptive") -> H
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape)
     check_hop_bits(hop_bits, fmt)
-    if algorithm == "psum":
+    if algorithm not in SCHEDULES:
         raise ValueError("psum sends nothing quantized: it has no hop plan")
     sched = make_schedule(algorithm, shape)
     steps, (wg, ng) = step_weights(sched)

@@ -28,27 +28,30 @@ import math
 from .._checks import count, value_dtype
 from .._checks import min_bytes as check_min_bytes
 from ..formats import Format
-from ..schedule import check_algorithm, device_shape, layout, make_schedule
+from ..schedule import (
+    SCHEDULES,
+    check_algorithm,
+    chunk_count,
+    chunks_sent,
+    device_shape,
+    layout,
+    make_schedule,
+)
 from ..wire import encoded_bytes
 from .error import uniform_relative_error
 from .hops import HOP_BITS, hop_plan, plan_relative_error, step_weights
 
 __all__ = ["predicted_relative_error", "quantizing_saves_bytes", "wire_bytes"]
 
-# A schedule lists every transfer, p^2 of them for a ring; a TPU v5p slice has 8,960 chips. The
-# bytes are therefore counted in closed form, held in the tests against `Schedule.chunks_sent`
-# for every family and many p, so the executed schedule stays the one that is counted.
+# A schedule lists every transfer, p^2 of them for a ring, and a TPU v5p slice has thousands
+# of chips: the chunks are counted in closed form where the schedule's row has one
+# (`schedule.SCHEDULES`), held in the tests against `Schedule.chunks_sent` for every family and
+# many p, so the executed schedule stays the one that is counted.
 
 
 def _chunks_sent(algorithm: str, shape: tuple[int, ...]) -> int:
     """Chunk-sized messages one device sends (every device sends as many)."""
-    if len(shape) == 2:  # torus: reduce along 0 (p2 chunks a hop), along 1, gather back
-        p1, p2 = shape
-        ring = 2 * p2 * (p1 - 1) + 2 * (p2 - 1)
-        return 2 * ring if algorithm == "bidir_ring" else ring
-    (p,) = shape
-    return {"ring": 2 * (p - 1), "bidir_ring": 4 * (p - 1), "two_shot": 2 * (p - 1),
-            "one_shot": p - 1}[algorithm]
+    return chunks_sent(algorithm, shape)
 
 
 # ---- bytes ---------------------------------------------------------------------------------
@@ -78,7 +81,7 @@ def wire_bytes(n: int, p, *, fmt: Format | None, algorithm: str, dtype="bfloat16
     min_bytes = check_min_bytes(min_bytes, chipless="wire_bytes")
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape, num_chunks)
-    if fmt is not None and algorithm != "psum" and (
+    if fmt is not None and algorithm in SCHEDULES and (
             n * itemsize < min_bytes if min_bytes is not None else
             not _saves(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits)):
         fmt = None
@@ -121,11 +124,11 @@ def _sent(n, shape, fmt, algorithm, dtype, num_chunks, hop_bits) -> int:
     """`wire_bytes` of checked arguments, no gate."""
     itemsize = value_dtype(dtype).itemsize
     total = math.prod(shape)
-    if algorithm == "psum":
+    if algorithm not in SCHEDULES:  # psum: modelled as a ring of the unquantized values
         return 2 * (total - 1) * n * itemsize // total
     if total == 1:
         return 0
-    chunks = 1 if algorithm == "one_shot" else total * (2 if algorithm == "bidir_ring" else 1)
+    chunks = chunk_count(algorithm, shape)
     if fmt is not None and hop_bits != "uniform":
         plan = hop_plan(shape if len(shape) > 1 else shape[0], fmt=fmt, algorithm=algorithm,
                         hop_bits=hop_bits)
@@ -149,7 +152,7 @@ def predicted_relative_error(p, *, fmt: Format | None, algorithm: str,
     shape = device_shape(p)
     check_algorithm(algorithm, fmt, shape)
     total = math.prod(shape)
-    if fmt is None or algorithm == "psum" or total == 1:
+    if fmt is None or algorithm not in SCHEDULES or total == 1:
         return 0.0
     if hop_bits != "uniform":
         plan = hop_plan(p, fmt=fmt, algorithm=algorithm, hop_bits=hop_bits)

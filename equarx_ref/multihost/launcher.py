@@ -59,8 +59,8 @@ __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "HOST_MEMOR
 DEFAULT_ALGORITHMS = ("ring", "bidir_ring", "two_shot")
 DEFAULT_FORMATS = BYTE_LADDER
 DEFAULT_SIZES = tuple(1 << (20 + i) for i in range(7))  # 1 MiB .. 64 MiB per host
-HOST_MEMORY = 768 << 20  # peak resident bytes of one host besides its messages (measured: 702 MiB)
-HOST_START_CPU_S = 1.0  # CPU seconds for one host to import JAX and start (measured: 0.7 s)
+HOST_MEMORY = 768 << 20  # peak resident bytes of one host besides its messages, with a margin
+HOST_START_CPU_S = 1.0  # CPU seconds for one host to import JAX and start, with a margin
 _PORT = 12355  # coordinator port inside a fresh namespace (loopback: a free one is picked)
 _PORT_TAKEN = re.compile(r"(?i)address already in use|failed to (start rpc server|add port)")
 _POLL_S = 0.2
@@ -239,10 +239,10 @@ def run(hosts: int, *, link: str | None = None, sizes=DEFAULT_SIZES,
     """
     from ..formats import format_label, parse_format
     from ..runs.progress import progress_bar
-    from ..schedule import ALGORITHMS
+    from ..schedule import SCHEDULES
 
     start = time.monotonic()
-    algorithms_ok = [a for a in ALGORITHMS if a != "psum"]
+    algorithms_ok = list(SCHEDULES)
     hosts = count(hosts, "hosts", minimum=2)
     repeats = count(repeats, "repeats")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

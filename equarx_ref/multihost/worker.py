@@ -12,9 +12,9 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
               reused from call to call): the model's hbm_bandwidth
     fresh     bytes/s of first touching fresh pages: `x + 1` over 64 MiB, whose result
               (past `cost.FRESH_BYTES`) malloc maps anew on every call, less its memory pass at
-              the rate above: fresh_bandwidth. Chapter 05 prints what it explains: in the
-              stored 1 Gbit/s run a plain add over the 32 MiB message took 0.043 s, the warm
-              memory rate alone gives 0.020 s, and with the fresh pages of its result 0.035 s
+              the rate above: fresh_bandwidth. Chapter 05 prints what it explains, from the
+              stored runs: a plain add over a large message at the warm memory rate alone,
+              and with the fresh pages of its result
     latency   the fixed cost of one ring step: the one-way permute below timed again at the
               run's smallest step (at most 1/16 of the largest), fitted as latency + bytes /
               rate (clipped at 0): hop_latency. An 8-byte ping-pong, used before, put it far
@@ -27,9 +27,10 @@ What a host measures (all hosts at once, each call after a barrier, `runs.timing
               run (the largest message M of bf16, at least 1 MiB per chunk): a one-way
               permute of M/p (the link above: a ring's step), a two-way one (M/2p each way),
               an all-to-all of M (two-shot's), an all-gather of M/p from each host (the gather
-              phase's). The size matters: timed at 8 MiB each, the primitives ran at 97-99%
-              of the one-way rate at 100 Mbit/s, yet two-shot's sends of a 32 MiB message
-              (an all-to-all of all of it) took 20-30% longer than those rates predicted
+              phase's). The size matters: timed at one small size each, the primitives
+              ran near the one-way rate on a capped link, yet two-shot's sends of a large
+              message (an all-to-all of all of it) took markedly longer than those rates
+              predicted
     codec     per format, bytes/s of one ring hop (dequantize what arrives, add the local bf16
               chunk, quantize the sum) over 4M values: exact rounding makes quantizing compute
               bound on a CPU, unlike `x + 1`; for bf16 the unquantized hop (bytes to bf16,

@@ -8,10 +8,10 @@ calibrated range on the sending device (`calibration.py`), widened to hold 0, wi
     q = clip(round(x / step) + z, 0, 15)         x' = (q - z) step
 
 Values inside `[lo, hi]` are off by at most half a step; values outside clip to the ends (the
-price of a static range). Zero on the grid is not a detail: measured on Gemma 3 270M, the first
-token (BOS, the attention sink every later token reads) has an MLP partial sum near zero at most
-sites, and a grid without 0 gave it relative errors up to 48x its size (1080-token text); with 0
-on the grid, at most 0.94. The grids are known to every device, so nothing but codes is sent:
+price of a static range). Zero on the grid is not a detail: on Gemma 3 270M the first token
+(BOS, the attention sink every later token reads) has an MLP partial sum near zero at most
+sites, and a grid without 0 gives it relative errors many times its size; with 0 on the grid,
+below one. The grids are known to every device, so nothing but codes is sent:
 
     bits per value = (4 (E - k) + 16 k) / E          = 4.1875 for E = 640, k = 10
 

@@ -35,29 +35,23 @@ coded by the kernels, counted the same way); their ratio is to `lax.psum`'s byte
 the same array (and to their fewest bytes, 4n per chip: the input read once, the result written
 once; what crosses the wire is not in "bytes accessed"). The project's targets are 2x for a
 codec program (`TARGET`) and 3x psum's for an AllReduce (`ALL_REDUCE_TARGET`). The Pallas
-kernels meet the first (their grids move the fewest bytes: 1.0x); the XLA path does not
-(11-95x at 1 MiB). On the kernels every AllReduce meets the second (int8 at 1 MiB: the ring
-2.77x, two-shot 2.66x, the bidirectional ring 2.78x; 2.90x at 1/4 MiB, a compile not stored),
-each kernel reading its chunk of the input where it lies (`kernels/codec.py`). XLA's own
-total is higher for the 8-bit rings (3.0-3.1x at 1 MiB): it counts each collective permute's
-message about once more when it lands, which the tally here counts once. The XLA path's
-AllReduces stay at 43-98x.
-The tests hold the kernels to both targets and the XLA path to today's figures as regression
-bounds.
+kernels meet the first (their grids move the fewest bytes); the XLA path does not, by an order
+of magnitude or more. On the kernels every AllReduce meets the second, each kernel reading its
+chunk of the input where it lies (`kernels/codec.py`). XLA's own total is higher for the 8-bit
+rings: it counts each collective permute's message about once more when it lands, which the
+tally here counts once. The figures are the stored record's, data/tpu-bytes.json, on the
+Results page; the tests hold the kernels to both targets and the XLA path to regression bounds.
 
 Is it the exact rule, or the quantizer's shape? Two yardsticks answer (`naive_programs`, the XLA
 path only): the naive int8 quantizer, absmax / 127 and a rounding division per block of 32 with
 no exactness rule, scales and codes as two outputs, the simplest formulation XLA ops allow. On
-the flat chunk the codec gets, XLA:TPU counts it at 29.9x its fewest bytes (v5e, 1 MiB); on
-lane-aligned rows of 1024 values, at 9.0x: the relayouts of 32-value blocks into tiles of 128
-lanes, and the f32 temporaries it stages in VMEM, cost more than the exact rule adds. Neither
-formulation comes near the 2x target; a kernel that codes each tile in place (1.0x) does.
+the flat chunk the codec gets, and on lane-aligned rows of 1024 values, XLA:TPU counts it at
+many times its fewest bytes (the record's "naive" rows): the relayouts of 32-value blocks into
+tiles of 128 lanes, and the f32 temporaries it stages in VMEM, cost more than the exact rule
+adds. Neither formulation comes near the 2x target; a kernel that codes each tile in place does.
 
-The ratios hardly depend on the size (libtpu 0.0.42.1, v5e: int8 encode, decode and hop the
-same to 0.1x at 1/4, 1, 4 and 16 MiB; the int8 ring 51.3x psum's at 1/4 MiB (not stored),
-51.6x at 1, 50.8x at 16), but XLA:TPU's compile time grows with it (an int8 encode: 8 s at 1
-MiB, 30-60 s at 16 MiB on 2 shared cores): the tests compile 1/4 MiB, the command 16 MiB
-unless told (`--bytes MIB`).
+The ratios hardly depend on the size, but XLA:TPU's compile time grows with it: the tests
+compile 1/4 MiB, the command 16 MiB unless told (`--bytes MIB`).
 
 Trade-off: bytes accessed is a count, not a time: it ignores what overlaps and what a fusion
 keeps in VMEM between its own loops (`hlo_memory.py` takes the count apart). It is the one

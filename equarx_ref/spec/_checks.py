@@ -18,8 +18,6 @@ import numpy as np
 
 SCALE_DTYPES = ("bfloat16", "float32", "e8m0")
 SCALE_RULES = ("floor", "ceil")
-#: Names whose scale is E8M0 by definition (OCP MX).
-MX_NAMES = ("mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8")
 MAX_BLOCK_SIZE = 1 << 16  # as the package's Format
 
 
@@ -49,10 +47,11 @@ def name(value, what: str, known) -> str:
     return value
 
 
-def fmt(value, known, what: str = "fmt"):
+def fmt(value, known, what: str = "fmt", mx=()):
     """A format as the spec reads it (formats.py): the fields `name`, `block_size`,
     `scale_dtype` and, optionally, `scale_rule`, with values the package's `Format` accepts
-    (an MX name has an E8M0 scale; the floor rule is E8M0's; a block fills whole bytes)."""
+    (an MX name, one of `mx`, has an E8M0 scale; the floor rule is E8M0's; a block fills whole
+    bytes)."""
     missing = [f for f in ("name", "block_size", "scale_dtype") if not hasattr(value, f)]
     if missing:
         raise TypeError(f"{what} must be a format: an object with the fields name, block_size "
@@ -67,7 +66,7 @@ def fmt(value, known, what: str = "fmt"):
     if value.scale_dtype not in SCALE_DTYPES:
         raise ValueError(f"{what}.scale_dtype must be one of {', '.join(SCALE_DTYPES)}, got "
                          f"{value.scale_dtype!r}"[:300])
-    if elem in MX_NAMES and value.scale_dtype != "e8m0":
+    if elem in mx and value.scale_dtype != "e8m0":
         raise ValueError(f"{what}.scale_dtype must be 'e8m0' for the MX format {elem}, got "
                          f"{value.scale_dtype!r}")
     rule = getattr(value, "scale_rule", None)

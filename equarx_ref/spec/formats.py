@@ -8,6 +8,11 @@ with those attributes.
 Element grids come from ml_dtypes, not from the package: code i of a float element (sign bit
 clear) has the value ml_dtypes gives its bit pattern; a symmetric integer of N bits has the
 grid 0 .. 2^(N-1) - 1, its codes two's complement.
+
+These tables are the formats' one source: the package's `Format` reads them too (its float
+elements' exponent and mantissa bits, smallest normal exponent and largest value are ml_dtypes'
+`finfo` of the type here). A new element format is a row of `ELEMENTS`; a new MX preset a row
+of `MX` (its element format and an E8M0 scale).
 """
 
 from __future__ import annotations
@@ -21,16 +26,20 @@ F32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126, f32's smallest normal
 F32_MAX = float(np.finfo(np.float32).max)
 E8M0_BIAS = 127
 
-# Element type of each format name: ml_dtypes float type (None: symmetric integer) and bits.
+#: The MX presets (OCP MX v1.0): each name's element format; its scale is always E8M0.
+MX = {"mxfp8": "fp8_e4m3", "mxfp6_e2m3": "fp6_e2m3", "mxfp6_e3m2": "fp6_e3m2",
+      "mxfp4": "fp4_e2m1", "mxint8": "int8"}
+#: Element type of each format name: ml_dtypes float type (None: symmetric integer) and bits;
+#: an MX preset has its element format's.
 ELEMENTS = {
-    "int8": (None, 8), "int4": (None, 4), "mxint8": (None, 8),
-    **{f"int{b}": (None, b) for b in range(2, 13)},
-    "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 8), "mxfp8": (ml_dtypes.float8_e4m3fn, 8),
+    **{f"int{b}": (None, b) for b in (8, 4, *range(2, 13))},
+    "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 8),
     "fp8_e5m2": (ml_dtypes.float8_e5m2, 8),
-    "fp6_e2m3": (ml_dtypes.float6_e2m3fn, 6), "mxfp6_e2m3": (ml_dtypes.float6_e2m3fn, 6),
-    "fp6_e3m2": (ml_dtypes.float6_e3m2fn, 6), "mxfp6_e3m2": (ml_dtypes.float6_e3m2fn, 6),
-    "fp4_e2m1": (ml_dtypes.float4_e2m1fn, 4), "mxfp4": (ml_dtypes.float4_e2m1fn, 4),
+    "fp6_e2m3": (ml_dtypes.float6_e2m3fn, 6),
+    "fp6_e3m2": (ml_dtypes.float6_e3m2fn, 6),
+    "fp4_e2m1": (ml_dtypes.float4_e2m1fn, 4),
 }
+ELEMENTS.update({name: ELEMENTS[element] for name, element in MX.items()})
 # Scale types with a value: (NumPy type, unsigned type of its bit pattern).
 SCALE_TYPES = {"bfloat16": (ml_dtypes.bfloat16, np.uint16), "float32": (np.float32, np.uint32)}
 
@@ -68,7 +77,7 @@ def is_int(name: str) -> bool:
 def check_format(fmt, what: str = "fmt"):
     """`fmt` if the spec can read it (the module essay's fields, with values the package's
     `Format` accepts), else a ValueError or TypeError naming the field, in one line."""
-    return _checks.fmt(fmt, ELEMENTS, what)
+    return _checks.fmt(fmt, ELEMENTS, what, mx=MX)
 
 
 def scale_rule(fmt) -> str:
