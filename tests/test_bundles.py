@@ -7,6 +7,7 @@ Pallas `x + 1` on (512, 128) bf16 tiles, a grid of 4, compiled for v5e
 epilogue listings left out). No libtpu is needed to run these tests.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,29 @@ def test_a_real_pallas_kernel_listing():
     assert kernel.mxu_stall == 0 and kernel.unknown == 0
     assert schedule.called() == {"pallas_x1.1": kernel.cycles}
     assert [c for _, c in schedule.listings["TLP"].calls].count("pallas_x1.1") == 1
+
+
+def test_a_bundle_over_several_lines_is_one_bundle():
+    """A DMA's bundle carries its window's bounds in a comment of several lines; it is one
+    bundle, so the listing has as many bundles as its last address says."""
+    text = (FIXTURE / "0-pallas_x1.1-01-final_bundles.txt").read_text()
+    addresses = re.findall(r"^\s*(0x[0-9a-f]+|0)\s+(?:[A-Z]{2})?:", text, re.M)
+    assert any(not line.rstrip().endswith(("}", "*/")) for line in text.splitlines()
+               if re.match(r"^\s*0x[0-9a-f]+\s", line))  # the fixture has such bundles
+    kernel = bundles.parse_listing(text)
+    assert kernel.bundles == int(addresses[-1], 16) + 1 == len(addresses)
+
+
+def test_body_ops_counts_one_turn_of_the_outer_loop():
+    text = _listing("   :  { %1 = vnop }",
+                    *_loop(5, 10, 10, ["   : > { %v2 = vadd.f32 %v1, %v1 ;; "
+                                       "%v3 = vrot.slane %v2, 4 }"] * 3))
+    ops = bundles.body_ops(text)
+    assert ops["vadd"] == ops["vrot.slane"] == 3 and "vnop" not in ops  # once, not x trips
+    assert ops["sphi"] == ops["sadd"] == ops["sbr.rel"] == 1
+    assert list(ops)[:2] == ["vadd", "vrot.slane"]  # most frequent first
+    real = bundles.body_ops((FIXTURE / "0-pallas_x1.1-01-final_bundles.txt").read_text())
+    assert real["vadd"] > 0 and real["vld"] > 0 and real["vst"] > 0  # x + 1: load, add, store
 
 
 def test_roofline_is_the_larger_of_compute_and_memory():

@@ -332,6 +332,32 @@ def test_results_time_tables_agree_with_the_json():
             assert f"{r['speedup_vs_bf16']:.2f}x" in found[0]
 
 
+def test_results_schedule_tables_agree_with_the_json():
+    """Read independently of the generator: the Results page's section on the TPU's own
+    schedule says what its figures are (static, compiled on a CPU machine, modelled), shows
+    its command, and has a row with the same numbers for every yardstick, codec kernel and
+    AllReduce of equarx_ref/data/tpu-schedule.json."""
+    from equarx_ref import data
+
+    page = _results_section("The TPU's own schedule")
+    assert f"```bash\n{data.command('tpu-schedule')}\n```" in page
+    assert "nothing ran on a TPU" in page and "modelled" in page
+    lines = [_cells(x) for x in page.splitlines() if x.startswith("|")]
+    record = _data("tpu-schedule.json")["schedule"]
+    for r in record["yardsticks"]:
+        found = [c for c in lines if c[:2] == [r["topology"], r["program"]]]
+        assert len(found) == 1 and f"{r['ratio']:.2f}x" in found[0], (r["program"], found)
+        assert f"{r['cycles']:,}" in found[0]
+    for r in record["codec"]:
+        found = [c for c in lines if c[:2] == [r["topology"], f"`{r['format']}`"]]
+        assert len(found) == 1 and f"{r['ratio']:.2f}x" in found[0], (r["format"], found)
+    for r in record["all_reduce"]:
+        found = [c for c in lines if c[:5] == [r["topology"], r["algorithm"], f"`{r['format']}`",
+                                               str(r["num_chunks"]), r["impl"]]]
+        assert len(found) == 1, (r["algorithm"], r["format"], found)
+        assert found[0][-1] == f"{r['speedup_over_psum']['cycles']:.2f}x", found[0]
+
+
 def test_readme_use_snippet_prints_what_its_comments_say():
     code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8")
                      .split("## Use", 1)[1], re.S).group(1)

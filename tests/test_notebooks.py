@@ -286,6 +286,30 @@ def test_default_run_collects_every_notebook_once():
     assert not any(path.endswith(".md") for path in collected), "a text twin collected as a test"
 
 
+def test_chapter_09_listing_excerpt_is_the_stored_encode():
+    """Chapter 09 teaches libtpu's bundle listing on an excerpt of the Mosaic int8 encode's
+    kernel (v5e, 16 MiB) and multiplies it out beside the stored schedule (tpu-schedule.json).
+    The two must be the same kernel: what the excerpt multiplies out to, plus the top-level
+    program that calls the kernel (a few hundred cycles), is the stored count. When the kernel
+    changes and the record is remade, remake the excerpt too (the command is in section 3)."""
+    import re
+
+    from equarx_ref import data
+    from equarx_ref.models import bundles
+
+    text = (ROOT / "notebooks" / "09_spec_to_chip.md").read_text(encoding="utf-8")
+    excerpt = re.search(r'EXCERPT = r"""\n(.*?)\n"""', text, re.S).group(1)
+    (first, last, trips), = bundles.parse_listing(excerpt).loops
+    address = [int(a, 16) for a in re.findall(r"^\s*(0x[0-9a-f]+|0)\s", excerpt, re.M)]
+    body, total = address[last] - address[first] + 1, address[-1] + 1
+    kernel = total - body + body * trips
+    stored = next(r for r in data.load("tpu-schedule")["schedule"]["codec"]
+                  if (r["topology"], r["format"], r["kernel"]) == ("v5e:2x4", "int8", "encode"))
+    assert 0 <= stored["cycles"] - kernel < 1000, (
+        f"chapter 09's listing excerpt multiplies out to {kernel:,} cycles, the stored int8 "
+        f"encode to {stored['cycles']:,}: remake the excerpt (section 3's command)")
+
+
 def test_sanitize_file_parses():
     """nbval reads `regex: ...` / `replace: ...` pairs; each section must yield one pair (an empty
     replacement needs its trailing space, which an editor may strip)."""

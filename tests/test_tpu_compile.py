@@ -390,6 +390,33 @@ def test_naive_yardsticks_count_their_bytes_and_decode():
         naive_programs(n + 32)
 
 
+def test_layout_yardsticks_write_the_same_bytes_in_two_layouts():
+    """`tpu_schedule.naive_rows34` and `naive_two_operands` in TPU interpret mode on CPU: the
+    same naive int8 blocks, once as the old wire's interleaved rows (each block's 32 codes,
+    then its bf16 scale's two bytes) and once as the wire's message (the spec's
+    `from_message` reads it back into the same blocks); every value within half a scale of
+    its code times the scale written, a zero block all zeros."""
+    import numpy as np
+
+    from equarx_ref import spec
+    from equarx_ref.runs.tpu_schedule import LAYOUT_STEP, naive_rows34, naive_two_operands
+
+    n = LAYOUT_STEP
+    rng = np.random.default_rng(50)
+    values = rng.standard_normal((n // 32, 32)) * 2.0 ** rng.integers(-30, 30, (n // 32, 1))
+    values[7] = 0.0
+    x = jnp.asarray(values.reshape(n), jnp.bfloat16)
+    rows = np.asarray(naive_rows34(x.reshape(-1, 4096), interpret=True)).reshape(-1, 34)
+    payload, scales = map(np.asarray, naive_two_operands(x.reshape(-1, 128), interpret=True))
+    blocks, stored = spec.from_message(payload, scales, eq.Format("int8"))
+    assert np.array_equal(rows[:, :32], blocks)
+    assert np.array_equal(rows[:, 32:].copy().view("<u2")[:, 0], stored.view(np.uint16))
+    scale = stored.astype(np.float64)[:, None]
+    err = np.abs(blocks.view(np.int8) * scale - np.asarray(x, np.float64).reshape(-1, 32))
+    assert (err <= 0.5 * scale).all()
+    assert not blocks[7].any() and scale[7, 0] == 0
+
+
 #: XLA:TPU's bytes accessed over the fewest bytes (codec programs, `tpu_bytes.codec_bytes`) and
 #: AllReduce over psum (`tpu_bytes.all_reduce_bytes`), measured 2026-11-26 with libtpu 0.0.42.1
 #: (jax 0.10.2) at main d081d17 (the codec before its redesign), 1 MiB of bf16

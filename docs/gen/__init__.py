@@ -11,6 +11,7 @@ here makes the sections of one source:
   file and reruns them);
 - `multihost`: the stored runs of `equarx-ref bench --hosts` (root and minutes: each file names
   its command, which `refresh` leaves alone);
+- `tpu`: libtpu's records (tpu-bytes.json, tpu-schedule.json), compiled on a CPU machine;
 - `layout`: the package's files, line counts and import layers, counted from its files (the
   contributing page);
 - `readme`: the README's headline, made from the same JSON (`python docs/hooks.py readme`).
@@ -43,4 +44,5 @@ GENERATORS = {
     "sweep": beyond.sweep_results,
     "outliers": beyond.outliers_results,
     "tpu-bytes": tpu.results,
+    "tpu-schedule": tpu.schedule_results,
 }

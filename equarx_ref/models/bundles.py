@@ -8,7 +8,8 @@ A TPU TensorCore is an in-order VLIW machine. libtpu schedules every kernel and 
                       --xla_jf_dump_llo_pass_label_regex=final_bundles"
 
 set before libtpu loads (`runs/tpu_schedule.py` does it). Each compiled program then leaves one
-`*-final_bundles.txt` per kernel, fusion and top-level program (TLP), a bundle a line:
+`*-final_bundles.txt` per kernel, fusion and top-level program (TLP), a bundle a line (a
+DMA's bundle runs its window's bounds over a few lines of comment, read as one):
 
     0x27   : > { %p8_p4 = scmp.ge.s32.totalorder %s11_s6, 258 /* loop exit test */ }
     0x28   :  { %10 = sbr.rel (!%p8_p4) target = $region54 }
@@ -39,9 +40,13 @@ import dataclasses
 import pathlib
 import re
 
-__all__ = ["Listing", "ProgramSchedule", "parse_listing", "read_dump", "roofline"]
+__all__ = ["Listing", "ProgramSchedule", "body_ops", "parse_listing", "read_dump", "roofline"]
 
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|0)\s+([A-Z]{2})?:\s*>?\s*\{(.*)\}(.*)$")
+_OPENS = re.compile(r"^\s*(0x[0-9a-f]+|0)\s+([A-Z]{2})?:\s*>?\s*\{")
+# an operation's mnemonic: `vrot.slane`, `vmax.xlane`, `vadd` (of `vadd.f32`), `sbr.rel`
+_OP = re.compile(r"^\s*(?:%[\w.]+ = )?([a-z][\w]*)(?:\.([a-z][\w]*))?")
+_TYPE = re.compile(r"(?:[subf]|bf)\d+")
 _START = re.compile(r"Start(?:/End empty)? region (\d+)")
 _BRANCH = re.compile(r"sbr\.rel \((!?)%(p\w+)\) target = \$region(\d+)")
 _EXIT = re.compile(r"%(p\w+) = scmp\.(\w+)\.s32\.totalorder %(s\w+), (-?\d+)")
@@ -141,10 +146,28 @@ def _trips(defs: dict[str, str], counter: str, cond: str, bound: int, where: str
     raise ValueError(f"{where}: an exit test {cond} with step {step} is not read here")
 
 
+def _lines(text: str):
+    """The listing's lines, a bundle whose comment runs over several lines (a DMA's window
+    bounds) joined into one."""
+    pending = None
+    for line in text.splitlines():
+        if pending is None and _OPENS.match(line) and line.count("{") > line.count("}"):
+            pending = line
+        elif pending is not None:
+            pending += " " + line
+            if pending.count("{") <= pending.count("}"):
+                yield pending
+                pending = None
+        else:
+            yield line
+    if pending is not None:
+        yield pending
+
+
 def parse_listing(text: str, name: str = "") -> Listing:
     """Parse one `*-final_bundles.txt`: bundles, loops (with trips), inlined calls."""
     bundles: list[tuple[str | None, str, str]] = []  # (flag, ops, comment)
-    for line in text.splitlines():
+    for line in _lines(text):
         m = _BUNDLE.match(line)
         if m:
             bundles.append((m.group(2), m.group(3), m.group(4)))
@@ -188,6 +211,27 @@ def parse_listing(text: str, name: str = "") -> Listing:
                   for c in _CALL.finditer(ops))
     return Listing(name, len(bundles), tuple(loops), calls, tuple(weight),
                    _mxu_stall(bundles, loops, weight))
+
+
+def body_ops(text: str) -> dict[str, int]:
+    """The operations one turn of a listing's outermost loop issues (a Pallas kernel's grid
+    step; the whole listing where it has no loop), counted by mnemonic, most frequent first:
+    `vrot.slane` (rotate sublanes), `vmax.xlane` (a maximum across lanes), `vadd` (of any
+    type) ... What a body spends its bundles on."""
+    listing = parse_listing(text)
+    outer = [(f, l) for f, l, _ in listing.loops
+             if not any(f2 < f and l <= l2 for f2, l2, _ in listing.loops)]
+    first, last = max(outer, key=lambda fl: fl[1] - fl[0], default=(0, listing.bundles - 1))
+    counts: dict[str, int] = {}
+    rows = [m.group(3) for m in map(_BUNDLE.match, _lines(text)) if m]
+    for ops in rows[first:last + 1]:
+        for op in ops.split(";;"):
+            m = _OP.match(op)
+            if m:
+                name = m.group(1) if not m.group(2) or _TYPE.fullmatch(m.group(2)) \
+                    else f"{m.group(1)}.{m.group(2)}"
+                counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _mxu_stall(bundles, loops, weight) -> int:

@@ -25,7 +25,14 @@ of a larger array), and are marked declared wherever they appear.
 Trust comes from yardsticks (`yardsticks`), compiled the same way: XLA's bf16 matmul must come
 out near the chip's peak FLOP/s (the MXU stall accounting: a bundle issues a multiply, the unit
 takes a cycle per row), a Pallas `x + 1` and XLA's own `x + 1` fusion at or under their HBM
-time. Then the codec's kernels (`codec_rows`: encode, decode, hop and two-shot's reduce of
+time. Two more yardsticks measure the layout itself: one naive int8 encoder (absmax / 127,
+a division, no exactness rule) written as a Pallas kernel twice, once writing the old wire's
+interleaved rows `u8[blocks, 34]` (`naive_rows34`: a block's 32 values in 32 lanes, reduced
+across lanes, its 34 bytes shifted against them) and once the wire's two lane-dense operands
+(`naive_two_operands`: a tile transposed once, a block down the sublanes of one lane), on the
+same grid over the same bytes; each is stored with its bundles a grid step and the operations
+of a step (`bundles.body_ops`), so what the layout costs is read off the schedule, not
+asserted. Then the codec's kernels (`codec_rows`: encode, decode, hop and two-shot's reduce of
 each format, 16 MiB of bf16 on one chip) are priced against the HBM time of their fewest bytes,
 and the AllReduces (16 MiB per chip over 8 chips, `tpu_readback.AT_SCALE`) are read back
 whole (`tpu_readback.read_back`, which reads the cycles with these functions wherever the
@@ -45,10 +52,11 @@ import time
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 import equarx_ref as eq
 
-from ..models.bundles import ProgramSchedule, read_dump
+from ..models.bundles import ProgramSchedule, body_ops, read_dump
 from ..models.cost import as_chip
 from ..models.hlo_memory import op_bytes
 from .tpu_compile import (
@@ -57,8 +65,9 @@ from .tpu_compile import (
     tpu_devices,
 )
 
-__all__ = ["CODEC_FORMATS", "CODEC_KERNELS", "N", "codec_rows", "compiled_schedule", "dumping",
-           "enable_dump", "format_schedule", "price_ops", "schedule_record", "yardsticks"]
+__all__ = ["CODEC_FORMATS", "CODEC_KERNELS", "LAYOUT_STEP", "N", "codec_rows", "compiled_schedule",
+           "dumping", "enable_dump", "format_schedule", "naive_rows34", "naive_two_operands",
+           "price_ops", "schedule_record", "yardsticks"]
 
 #: Values per chip the schedule is read at: 16 MiB of bf16.
 N = 8 << 20
@@ -123,12 +132,100 @@ def _program(topology: str, fn, args):
     return compiled, schedule
 
 
+#: Values a grid step of the layout yardsticks codes: 32 rows of 4096 (rows of 34) or 1024
+#: rows of 128 (two operands), so both walk the same grid over the same bytes.
+LAYOUT_STEP = 32 * 4096
+
+
+def _bf16_scale(amax):
+    """(scale, its bf16 bits as int32): absmax / 127 rounded to the nearest bf16 by its bits,
+    so that the scale divided by is the one written (XLA may drop an f32 -> bf16 -> f32
+    round trip of converts as excess precision)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    bits = pltpu.bitcast(amax / 127, jnp.int32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000  # round to nearest even
+    return pltpu.bitcast(bits, jnp.float32), bits >> 16
+
+
+def naive_rows34(x, *, interpret=False):
+    """A naive int8 encoder in the old wire's layout, a Pallas kernel (a yardstick, not the
+    spec's bits): values bf16 `[rows, 4096]` (128 blocks of 32 a row) -> uint8
+    `[rows, 128 x 34]`, each block's 32 codes followed by its bf16 scale's two bytes,
+    little-endian, block after block: the canonical bytes, as a message used to travel
+    (`u8[blocks, 34]` rows). Naive rounding: scale absmax / 127 rounded to bf16, codes
+    round(x / scale) clipped to +-127 (`_bf16_scale`). Tiles of 32 rows (an 8-bit array's
+    tile)."""
+    from jax.experimental import pallas as pl
+
+    rows, tile = x.shape[0], 32
+
+    def body(x_ref, o_ref):
+        blocks = x_ref[...].astype(jnp.float32).reshape(tile, 128, 32)  # 32 lanes a block
+        scale, bits = _bf16_scale(jnp.max(jnp.abs(blocks), axis=-1, keepdims=True))
+        codes = jnp.round(blocks / jnp.where(scale == 0, 1, scale))
+        codes = jnp.clip(codes, -127, 127).astype(jnp.int32) & 0xFF
+        row = jnp.concatenate([codes, bits & 0xFF, (bits >> 8) & 0xFF], axis=-1)  # [., 128, 34]
+        o_ref[...] = row.reshape(tile, 128 * 34).astype(jnp.uint8)
+
+    return pl.pallas_call(body, grid=(rows // tile,),
+                          in_specs=[pl.BlockSpec((tile, 4096), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((tile, 128 * 34), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((rows, 128 * 34), jnp.uint8),
+                          interpret=interpret)(x)
+
+
+def naive_two_operands(x, *, interpret=False):
+    """The same naive int8 encoder in the wire's layout (spec/wire.py), a Pallas kernel: values
+    bf16 `[rows, 128]` -> (payload uint8 `[128, rows]`, scales uint16 `[4, rows]`). Each
+    128 x 128 tile is transposed once, so block j of row r lies down sublanes 32 j .. 32 j + 31
+    of lane r: its maximum is elementwise, and the codes are written as they lie. Same rounding
+    as `naive_rows34`, same bytes; only the layout differs. Tiles of 1024 rows."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    rows, tile = x.shape[0], 1024
+
+    def body(x_ref, p_ref, s_ref):
+        blocks = x_ref[...].astype(jnp.float32).T.reshape(4, 32, tile)  # a block down a lane
+        scale, bits = _bf16_scale(jnp.max(jnp.abs(blocks), axis=1, keepdims=True))
+        codes = jnp.round(blocks / jnp.where(scale == 0, 1, scale))
+        codes = jnp.clip(codes, -127, 127).astype(jnp.int32).reshape(128, tile)
+        p_ref[...] = pltpu.bitcast(codes.astype(jnp.int8), jnp.uint8)
+        s_ref[...] = bits.reshape(4, tile).astype(jnp.uint16)
+
+    return pl.pallas_call(body, grid=(rows // tile,),
+                          in_specs=[pl.BlockSpec((tile, 128), lambda i: (i, 0))],
+                          out_specs=[pl.BlockSpec((128, tile), lambda i: (0, i)),
+                                     pl.BlockSpec((4, tile), lambda i: (0, i))],
+                          out_shape=[jax.ShapeDtypeStruct((128, rows), jnp.uint8),
+                                     jax.ShapeDtypeStruct((4, rows), jnp.uint16)],
+                          interpret=interpret)(x)
+
+
+def _kernel_body(schedule: ProgramSchedule) -> dict:
+    """The largest kernel a program calls, from the listing libtpu just wrote: its bundles a
+    grid step ("body"), its loop's turns ("steps") and one step's ops (`bundles.body_ops`)."""
+    name = max((k for k in schedule.called() if not k.startswith("<")),
+               key=lambda k: schedule.called()[k])
+    listing = schedule.listings[name]
+    paths = sorted(enable_dump().glob(f"*-{name}-01-final_bundles.txt"))
+    outer = max(listing.loops, key=lambda loop: loop[1] - loop[0])
+    return {"body": listing.body(), "steps": outer[2],
+            "ops": body_ops(paths[-1].read_text(encoding="utf-8")) if paths else {}}
+
+
 def yardsticks(topology: str, *, n: int = N) -> list[dict]:
     """The checks the counting must pass before it is trusted: XLA's bf16 matmul (4096^3) in
     time against the chip's peak FLOP/s ("ratio": cycles' time over peak time, near 1), and a
     Pallas `x + 1` and XLA's `x + 1` fusion on n bf16 values against their HBM time (at most
-    1: memory bound). One row each: {"topology", "program", "cycles", "compute_s",
-    "reference_s", "ratio"}."""
+    1: memory bound). Then the layout's yardsticks, one naive int8 encoder as a Pallas kernel
+    in each layout (`naive_rows34`, `naive_two_operands`), against the HBM time of their
+    fewest bytes (2n in, `nbytes(n)` out): the same arithmetic, so the difference is the
+    layout's. One row each: {"topology", "program", "cycles", "compute_s", "reference_s",
+    "ratio"}; a Pallas kernel's also "body" (bundles a grid step), "steps" (its loop's
+    turns: the grid's steps and the software pipeline's two) and "ops" (a step's operations
+    by mnemonic, `bundles.body_ops`)."""
     from jax.experimental import pallas as pl
 
     chip = as_chip(topology.split(":")[0])
@@ -144,19 +241,27 @@ def yardsticks(topology: str, *, n: int = N) -> list[dict]:
                               out_specs=pl.BlockSpec((512, 128), lambda i: (i, 0)),
                               out_shape=jax.ShapeDtypeStruct(rows.shape, rows.dtype))(rows)
 
-    m = 4096
+    m, step = 4096, LAYOUT_STEP
+    n = n // step * step
+    encoded = (2 * n + eq.Format("int8").nbytes(n)) / chip.hbm_bandwidth
     cases = [("matmul bf16 4096^3", lambda a, b: a @ b, (("bfloat16", (m, m)),) * 2,
-              2 * m ** 3 / chip.peak_flops),
-             ("pallas x + 1", pallas_x1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth),
-             ("xla x + 1", lambda x: x + 1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth)]
+              2 * m ** 3 / chip.peak_flops, False),
+             ("pallas x + 1", pallas_x1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth,
+              True),
+             ("xla x + 1", lambda x: x + 1, (("bfloat16", (n,)),), 4 * n / chip.hbm_bandwidth,
+              False),
+             ("pallas int8 rows of 34 (naive)", naive_rows34, (("bfloat16", (n // m, m)),),
+              encoded, True),
+             ("pallas int8 two operands (naive)", naive_two_operands,
+              (("bfloat16", (n // 128, 128)),), encoded, True)]
     rows = []
-    for name, fn, args, reference in cases:
+    for name, fn, args, reference, kernel in cases:
         _, schedule = _program(topology, fn, args)
         cycles = schedule.cycles()
         compute = cycles / chip.clock_hz
         rows.append({"topology": topology, "program": name, "cycles": cycles,
                      "compute_s": compute, "reference_s": reference,
-                     "ratio": compute / reference})
+                     "ratio": compute / reference, **(_kernel_body(schedule) if kernel else {})})
     return rows
 
 
@@ -236,9 +341,9 @@ def format_schedule(record: dict) -> str:
     lines = [f"Static schedule (libtpu {record.get('libtpu')}, jax {record.get('jax')}): "
              "cycles priced at each chip's clock, against HBM time", "",
              "yardsticks (ratio: the schedule's time over the reference: peak FLOP/s for the "
-             "matmul, the HBM time of its fewest bytes for x + 1)"]
+             "matmul, the HBM time of its fewest bytes for the others)"]
     for r in record["yardsticks"]:
-        lines.append(f"  {r['topology']:9s} {r['program']:20s} {r['cycles']:>10,d} cycles "
+        lines.append(f"  {r['topology']:9s} {r['program']:32s} {r['cycles']:>10,d} cycles "
                      f"{r['compute_s'] * 1e6:>8.1f} us  ref {r['reference_s'] * 1e6:>8.1f} us"
                      f"  {r['ratio']:>5.2f}x")
     lines += ["", f"codec kernels, {record['n'] * 2 / 2**20:g} MiB of bf16 (two-shot's reduce: "
