@@ -385,8 +385,8 @@ RING_FAMILY = tuple(name for name, a in SCHEDULES.items() if a.ring)
 
 def in_ring_family(algorithm: str) -> bool:
     """Whether `algorithm` is a ring (`Algorithm.ring`): it pipelines, runs over a torus and
-    as a kernel. "psum" and unknown names are not."""
-    return algorithm in SCHEDULES and SCHEDULES[algorithm].ring
+    as a kernel. "psum", unknown names and non-strings are not."""
+    return isinstance(algorithm, str) and algorithm in SCHEDULES and SCHEDULES[algorithm].ring
 
 
 def make_schedule(algorithm: str, shape: tuple[int, ...]) -> Schedule:

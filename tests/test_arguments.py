@@ -312,6 +312,8 @@ ARGUMENTS = {
     ("Chip", "codec_bandwidth"): "positive number or None",
     ("Chip", "fresh_bandwidth"): "positive number or None",
     ("Chip", "primitive_bandwidth"): "primitive rates",
+    ("Chip", "mxus"): "count or 0", ("Chip", "mxu_width"): "count or 0",
+    ("Chip", "schedule"): "text",  # a chip with no stored cycles is priced by bytes alone
     ("kernels.plan_ring", "n"): "size", ("kernels.plan_ring", "p"): "count",
     ("kernels.plan_ring", "fmt"): "format or None",
     ("kernels.plan_ring", "algorithm"): "kernel algorithm",
@@ -399,6 +401,7 @@ _POSITIVE = [0.0, -1.0, "1e9", None, float("nan"), float("inf")]
 CLASSES = {
     "count": _COUNT,
     "count or None": _COUNT[:-1],
+    "count or 0": _COUNT[1:],
     "size": _SIZE,
     "matmul precision": ["fast", "tf32", "", None, 3, b"highest"],
     "size gate": [*_SIZE[:-1], "Auto", "fast", "", b"auto"],   # None, "auto" or a size
@@ -574,6 +577,7 @@ GOOD = [
     ("predicted_time", "chip", eq.CHIPS["v6e"]), ("predicted_time", "dtype", np.float16),
     ("make_mesh", "shape", [2, 2]), ("make_schedule", "shape", [2, 2]),
     ("Chip", "torus", (2, 4)), ("Chip", "hop_latency", 0), ("Chip", "codec_bandwidth", 1e12),
+    ("Chip", "mxus", np.int64(4)), ("Chip", "mxu_width", 0), ("Chip", "schedule", "v5e"),
     ("Chip", "primitive_bandwidth", {"all_to_all": 1e9}),
     ("Chip", "primitive_bandwidth", [("permute", 5e8), ("all_gather", np.float64(2e9))]),
 ]

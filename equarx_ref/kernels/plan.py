@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._checks import count
+from .._checks import count, value_dtype
 from ..formats import Format
 from ..schedule import SCHEDULES, in_ring_family, layout, make_schedule
 from ..wire import Codec, encoded_bytes
@@ -121,6 +121,7 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
     sched = make_schedule(algorithm, (p,))
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
+    dtype = value_dtype(dtype, "dtype")
     codec = Codec(fmt, dtype)
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
     lanes = ((0, +1), (p, -1))[:SCHEDULES[algorithm].lanes]  # lane j: chunks from j p

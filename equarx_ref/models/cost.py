@@ -163,6 +163,8 @@ class Chip:
                 number(getattr(self, field), f"Chip.{field}",
                        positive=field not in ("hop_latency", "quantize_overhead"))
         count(self.links, "Chip.links")
+        count(self.mxus, "Chip.mxus (0: not known)", minimum=0)
+        count(self.mxu_width, "Chip.mxu_width (0: not known)", minimum=0)
         if not isinstance(self.torus, tuple):
             raise TypeError(f"Chip.torus must be a tuple of chips per axis, got {self.torus!r}")
         for q in self.torus:
