@@ -350,15 +350,15 @@ def test_cli_compile_options(tmp_path, capsys, monkeypatch):
         return 0, {"topologies": list(topologies), "results": []}
     monkeypatch.setattr(tpu_matrix, "run", run)
     out = tmp_path / "tpu.json"
-    argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "hop",
+    argv = ["kernels", "--compile", "v5e:2x4,v6e:2x4", "--only", "pallas", "codec",
             "--read-back", "--bytes", "0.25", "--jobs", "2", "--json", str(out)]
     assert cli.main(argv) == 0
     (topologies, kw), = calls
-    assert topologies == ("v5e:2x4", "v6e:2x4") and kw["families"] == ("pallas", "hop")
+    assert topologies == ("v5e:2x4", "v6e:2x4") and kw["families"] == ("pallas", "codec")
     assert kw["read_back_too"] is True and kw["jobs"] == 2 and kw["bytes_mib"] == 0.25
     report = json.loads(out.read_text())
     assert report["command"] == ("equarx-ref kernels --compile v5e:2x4,v6e:2x4 --only pallas "
-                                 f"hop --read-back --bytes 0.25 --jobs 2 --json {out}")
+                                 f"codec --read-back --bytes 0.25 --jobs 2 --json {out}")
     assert report["topologies"] == ["v5e:2x4", "v6e:2x4"]
 
 
@@ -366,7 +366,7 @@ def test_cli_compile_options(tmp_path, capsys, monkeypatch):
     (["--compile", "v5e"], "expected TPU slices like v5e:2x4"),
     (["--compile", ","], "expected TPU slices like v5e:2x4"),
     (["--compile", "v5e:2x4", "--jobs", "0"], "expected an integer >= 1"),
-    (["--compile", "v5e:2x4", "--only", "mosaic"], "invalid choice: 'mosaic'"),
+    (["--compile", "v5e:2x4", "--only", "hop"], "invalid choice: 'hop'"),  # a family gone
     (["--compile", "v5e:2x4", "--bytes", "0.001"], "a positive multiple of 1/64 MiB"),
 ])
 def test_cli_compile_refuses_bad_options(argv, words, capsys, monkeypatch):
@@ -387,9 +387,18 @@ def test_cli_compile_options_need_compile(flag, capsys, monkeypatch):
     assert len(err) == 1 and "go with --compile TOPOLOGY" in err[0], err
 
 
-def test_compile_matrix_refuses_an_unknown_family():
-    with pytest.raises(ValueError, match="unknown compile families"):
-        tpu_matrix.compile_matrix("v5e:2x4", families=("mosaic",))
+@pytest.mark.parametrize("entry", [tpu_matrix.compile_matrix, tpu_matrix.run])
+def test_compile_matrix_refuses_an_unknown_family(entry, monkeypatch):
+    """Named as a typo before libtpu is looked for (or a topology described)."""
+    def no_libtpu(*_):
+        pytest.fail("libtpu was looked for before the families were checked")
+    monkeypatch.setattr(tpu_matrix, "prepare_environment", no_libtpu)
+    monkeypatch.setattr(tpu_matrix, "tpu_devices", no_libtpu)
+    assert "hop" not in tpu_matrix.FAMILIES
+    with pytest.raises(ValueError, match=r"unknown compile families \['hop'\]"):
+        entry(("v5e:2x4",), families=("pallas", "hop"))
+    with pytest.raises(TypeError, match="families must be a tuple"):
+        entry(("v5e:2x4",), families="pallas")
 
 
 def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):

@@ -155,6 +155,18 @@ def matrix_cases(topology: str) -> list[tuple[str, str, Callable[[], object]]]:
     return cases
 
 
+def _check_families(families) -> None:
+    """None (every family) or names of `FAMILIES` ("none": no compile), else one line saying
+    which are unknown: before libtpu is looked for, so a typo is named as such."""
+    if families is None:
+        return
+    if isinstance(families, str):
+        raise TypeError(f"families must be a tuple of names from {FAMILIES}, got {families!r}")
+    unknown = sorted(set(families) - {*FAMILIES, "none"})
+    if unknown:
+        raise ValueError(f"unknown compile families {unknown}: choose from {FAMILIES}")
+
+
 def compile_matrix(topology: str | tuple[str, ...], *, families: tuple[str, ...] | None = None,
                    jobs: int = 1, progress: Callable[[str], None] | None = None
                    ) -> list[CompileResult]:
@@ -165,9 +177,7 @@ def compile_matrix(topology: str | tuple[str, ...], *, families: tuple[str, ...]
     threads (they release the GIL: 2 jobs on 2 cores nearly halve the wall time). `seconds`
     is each case's lowering plus compile time."""
     topologies = (topology,) if isinstance(topology, str) else tuple(topology)
-    unknown = sorted(set(families or ()) - {*FAMILIES, "none"})
-    if unknown:
-        raise ValueError(f"unknown compile families {unknown}: choose from {FAMILIES}")
+    _check_families(families)
     for t in topologies:
         tpu_devices(t)
 
@@ -238,6 +248,7 @@ def run(topologies: tuple[str, ...], *, families: tuple[str, ...] | None = None,
     import sys
 
     out = out or sys.stdout
+    _check_families(families)
     if schedule or read_back_too or bytes_mib is not None:  # bundle listings: before it loads
         tpu_schedule.enable_dump()
     try:
