@@ -32,10 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_demo_rows_the_size_gate_sent_unquantized_say_so(tmp_path, capsys):
-    """p = 3, 100 values (the issue's `demo --devices 3 --size 100`): quantized in int8 or
-    fp8, the ring would send no fewer bytes than bf16 (3 chunks of 34 values, each padded to
-    two blocks), so all_reduce sends bf16; int4 still saves bytes and goes quantized, and so
-    does every one-shot (one message of 100 values)."""
+    """p = 3, 100 values (the issue's `demo --devices 3 --size 100`): a quantized message is
+    whole rows of `Format.row` values, so the ring's 3 chunks of 34 values each pad to a row;
+    where that sends no fewer bytes than bf16, all_reduce sends bf16 (the size gate). The
+    one-shot sends one message of 100 values, padded once. Which rows are gated is computed
+    from `wire_bytes` quantized (min_bytes=0) and unquantized, and both kinds must occur."""
     out = tmp_path / "demo.json"
     formats = ("bf16", "int8", "fp8_e4m3", "int4")
     assert cli.main(["demo", "--devices", "3", "--size", "100", "--repeats", "1",
@@ -68,7 +69,14 @@ def test_demo_rows_the_size_gate_sent_unquantized_say_so(tmp_path, capsys):
             assert r["bits_per_element"] == fmt.bits_per_element and r["note"] == ""
             assert cells[1] == r["format"] and cells[2] == f"{fmt.bits_per_element:g}"
             assert cells[6] == f"{r['predicted_error']:.2e}", line
-    assert [k for k, r in by.items() if r["gated"]] == [("ring", "int8"), ("ring", "fp8_e4m3")]
+    def sent(a, f):
+        fmt = None if f == "bf16" else eq.Format.parse(f)
+        return eq.wire_bytes(100, 3, fmt=fmt, algorithm=a, dtype="bfloat16", min_bytes=0)
+
+    wasteful = {(a, f) for a, f in by if f != "bf16" and sent(a, f) >= sent(a, "bf16")}
+    gated = {k for k, r in by.items() if r["gated"]}
+    assert gated == wasteful, (gated, wasteful)
+    assert gated and len(gated) < len(rows) - 2, "the demo shows gated and quantized rows both"
     assert "size gate (min_bytes=None) sent these rows unquantized" in printed
 
 
