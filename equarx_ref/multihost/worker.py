@@ -160,7 +160,7 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     from ..models.hlo import hlo_wire_bytes
     from ..models.predict import wire_bytes
     from ..runs.timing import time_calls
-    from ..wire import Codec
+    from ..wire import Codec, encoded_bytes
 
     p = spec["hosts"]
     if jax.process_count() != p or jax.local_device_count() != 1:
@@ -216,10 +216,10 @@ def worker(spec_path: str, coordinator: str, host: int, out: str) -> None:
     local = jnp.ones(m, jnp.bfloat16)
     for name in sorted({fmt for _, fmt in spec["configs"]}):
         c = Codec(parse_format(name), jnp.bfloat16)
-        wire = c.encode(jnp.ones(m, c.acc))
+        wire = c.encode(jnp.ones(m, c.acc))  # a Message: payload and scales
         hop = jax.jit(lambda w, v, c=c: c.encode(c.decode(w, m) + v.astype(c.acc)))
-        codec[name] = (2 * wire.size + local.nbytes) / timed(f"codec {name}", hop, wire, local,
-                                                              repeats=5)
+        moved = 2 * encoded_bytes(m, c.fmt, c.dtype) + local.nbytes  # read, write, add
+        codec[name] = moved / timed(f"codec {name}", hop, wire, local, repeats=5)
 
     def report(text):
         if host == 0:
