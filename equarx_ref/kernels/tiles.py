@@ -196,25 +196,26 @@ def _fast(fmt: Format) -> bool:
     return fmt.scale_dtype in ("bfloat16", "e8m0")
 
 
-def _plans(amax, fmt: Format) -> list[tuple[BlockPlan, object, int]]:
-    """Each tile's block plan, from its blocks' amax bits (`[G, r]` a tile), what rounding
-    needs of it (`_rows`, or the plan with its finite mask as a number), and where the tile's
-    rows start in them: tiles of one width are planned together, their rows stacked so that
-    they fill registers (`block_plan` runs once per block, on whole registers); a short last
-    tile, of another width, on its own."""
+def _plans(amax, fmt: Format) -> list[tuple[jax.Array, object, int]]:
+    """Each tile's block plan, from its blocks' amax bits (`[G, r]` a tile): the scale bits,
+    what rounding needs (`_rows`, or the plan with its finite mask as a number), and where the
+    tile's rows start in them. Tiles of one width are planned together, their rows stacked
+    so that they fill registers (`block_plan` runs once per block, on whole registers); a
+    short last tile, of another width, on its own."""
     widths = {}
     for t, a in enumerate(amax):
         widths.setdefault(a.shape[1], []).append(t)
     plans = [None] * len(amax)
     for ts in widths.values():
-        bits = jnp.concatenate([amax[t] for t in ts])  # [tiles * G, r]
-        plan = block_plan(lax.bitcast_convert_type(bits, jnp.float32), fmt)
+        stacked = jnp.concatenate([amax[t] for t in ts])  # [tiles * G, r]
+        plan = block_plan(lax.bitcast_convert_type(stacked, jnp.float32), fmt)
         if _fast(fmt):
             rows = _rows(plan, fmt)
         else:  # the package's rounding; the finite mask goes down the sublanes as a number
             rows = dataclasses.replace(plan, finite=jnp.where(plan.finite, 1.0, 0.0))
+        bits = _scale_bits(plan.stored, fmt)
         for k, t in enumerate(ts):
-            plans[t] = (plan, rows, k * fmt.blocks_per_row)
+            plans[t] = (bits, rows, k * fmt.blocks_per_row)
     return plans
 
 
@@ -231,7 +232,7 @@ def _encode_t(tiles, fmt: Format) -> Message:
     codes = _int_codes if fmt.is_int else _float_codes
     payload, scales = [], []
     for t, ss in enumerate(slots):
-        plan, rows, at = plans[t]
+        bits, rows, at = plans[t]
         out = []
         for j, s in enumerate(ss):  # a slot's registers, 8 sublanes each, share one row
             row = jax.tree.map(lambda a, i=at + j, s=s: jnp.broadcast_to(
@@ -249,7 +250,7 @@ def _encode_t(tiles, fmt: Format) -> Message:
                 c = [plan_codes(s[i:i + 8], row, fmt) for i in range(0, len(s), 8)]
                 out.append(_pack(jnp.concatenate(c), fmt))
         payload.append(jnp.concatenate(out))
-        scales.append(_scale_bits(plan.stored, fmt)[at:at + fmt.blocks_per_row])
+        scales.append(bits[at:at + fmt.blocks_per_row])
     return Message(jnp.concatenate(payload, axis=1), jnp.concatenate(scales, axis=1))
 
 
