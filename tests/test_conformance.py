@@ -197,8 +197,9 @@ def test_a_message_is_a_permutation_of_the_canonical_bytes(name):
                                              axis=1).ravel(), canonical)
     if g > 1:
         with pytest.raises(ValueError, match="whole rows"):
-            spec.message(dataclasses.replace(real, payload=real.payload[1:],
-                                             scales=real.scales[1:]), fmt)
+            spec.message(dataclasses.replace(  # a well-formed q, one block short of whole rows
+                real, **{f.name: getattr(real, f.name)[1:] for f in dataclasses.fields(real)}),
+                fmt)
     with pytest.raises(ValueError, match="message payload"):
         spec.from_message(payload[1:], scales, fmt)
     with pytest.raises(ValueError, match="its scales are"):
@@ -369,7 +370,7 @@ def test_the_tile_code_gives_the_spec_bytes(name, dtype):
 
 def test_the_tile_code_takes_a_short_last_tile():
     """A message of 144 rows, which the kernels take (`codec.takes`: whole sublane groups up
-    to 512 rows) and off a TPU the tile code codes as XLA ops (`MosaicCodec`): a whole tile
+    to `codec.ROWS` rows) and off a TPU the tile code codes as XLA ops (`MosaicCodec`): a whole tile
     of 128 rows and a short one of 16, bitwise the spec like any other."""
     fmt, rows = eq.Format.int8(), 144
     assert codec.takes(fmt, rows * 128) and codec.tile_rows(rows) == rows
@@ -492,12 +493,12 @@ def test_the_kernels_take_what_the_tile_code_takes():
         if not tiles.supports(fmt):
             with pytest.raises(ValueError, match="the Mosaic codec takes 8-bit and 4-bit"):
                 codec.encode(jnp.zeros((16, 128)), fmt, interpret=True)
-    int8 = eq.Format.int8()
-    assert codec.takes(int8, 512 * 128) and codec.takes(int8, 48 * 128)
-    assert not codec.takes(int8, 24 * 128) and not codec.takes(int8, 520 * 128)
+    int8, t = eq.Format.int8(), codec.ROWS  # the largest tile
+    assert codec.takes(int8, t * 128) and codec.takes(int8, 48 * 128)
+    assert not codec.takes(int8, 24 * 128) and not codec.takes(int8, (t + 8) * 128)
     assert not codec.takes(int8, 100)
-    assert [codec.tile_rows(r) for r in (1024, 256, 384, 48, 512 + 16, 24)] == \
-        [512, 256, 128, 48, None, None]
+    assert [codec.tile_rows(r) for r in (2 * t, t // 4, 3 * t // 8, 48, t + 16, 24)] == \
+        [t, t // 4, t // 8, 48, None, None]
 
 
 # ---- the Pallas ring ----------------------------------------------------------------------

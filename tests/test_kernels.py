@@ -102,7 +102,8 @@ def test_mosaic_codec_refuses_bad_arguments():
         (lambda: codec.encode(jnp.ones((16, 100)), fmt, **kw), r"x must be rows of 128 values"),
         (lambda: codec.encode(jnp.ones(64), fmt, **kw), r"x must be rows of 128 values"),
         (lambda: codec.encode(jnp.ones((24, 128)), fmt, **kw),
-         r"whole tiles: 24 rows is not a multiple of 128, nor a multiple of 16 up to 512"),
+         rf"whole tiles: 24 rows is not a multiple of 128, nor a multiple of 16 up to "
+         rf"{codec.ROWS}"),
         (lambda: codec.encode(jnp.ones((16, 128), jnp.int32), fmt, **kw), r"x must hold float"),
         (lambda: codec.encode(x, "int8", **kw), r"fmt must be an equarx_ref.Format"),
         (lambda: codec.encode(x, eq.Format.parse("int7/b8"), **kw),
@@ -113,6 +114,14 @@ def test_mosaic_codec_refuses_bad_arguments():
         (lambda: codec.encode(x, fmt, first_row=0, **kw), r"rows= says how many rows"),
         (lambda: codec.encode(x, fmt, rows=16, first_row=(0, 8), **kw),
          r"offsets of whole tiles of 16 rows"),
+        (lambda: codec.encode(x, fmt, rows=16, first_row=8, **kw),
+         r"offsets of whole tiles of 16 rows; got \(16, 8\)"),
+        (lambda: codec.encode(x, fmt, rows=16, first_row=(0,), **kw),
+         r"first_row must be a row index or a tuple \(i, a\[, o\]\)"),
+        (lambda: codec.encode(x, fmt, rows=16, first_row=2.0, **kw),
+         r"first_row must be a row index \(an integer, or a 0-d integer array\), got 2.0"),
+        (lambda: codec.encode(x, fmt, rows=16, first_row=jnp.zeros(2, jnp.int32), **kw),
+         r"first_row must be a row index.*got an array int32\[2\]"),
         (lambda: codec.encode(x, fmt, into=(message, 3), **kw), r"into lays 1 chunks from chunk 3"),
         (lambda: codec.encode(x, fmt, interpret="yes"), r"interpret must be None, True"),
         (lambda: codec.decode(x, fmt, **kw), r"message must be an equarx_ref.wire.Message"),
@@ -170,11 +179,12 @@ def test_mosaic_codec_tiles_the_message(name):
               encode(x[c * 128:(c + 1) * 128].reshape(-1), fmt), f"stacked chunk {c}")
 
 
-@pytest.mark.parametrize("rows, count, want", [(2048, 1, (1, 4)), (512, 2, (2, 1)),
+@pytest.mark.parametrize("rows, count, want", [(4 * codec.ROWS, 1, (1, 4)), (512, 2, (2, 1)),
                                                (48, 1, (1, 1)), (256, 4, (4, 1))])
 def test_mosaic_codec_grid_is_the_kernels(rows, count, want):
     """What `pallas_call` is given: a grid of (chunks, tiles a chunk), tiles of `tile_rows`
-    rows (512, 256 or 128 where they divide a chunk, else the whole of a short one)."""
+    rows (`codec.ROWS`, or a half, a quarter, an eighth of it where it divides a chunk, else
+    the whole of a short one)."""
     fmt = eq.Format.int8()
     jaxpr = jax.make_jaxpr(lambda v: codec.encode(v, fmt, count=count))(
         jnp.zeros((rows, 128), jnp.bfloat16))

@@ -129,12 +129,13 @@ def test_each_ring_hop_is_one_fused_step(monkeypatch):
 
 def test_the_kernels_take_whole_sublane_groups_of_rows():
     """Which messages the kernels code (`codec.takes`, tiles of `codec.tile_rows`): whole
-    tiles of 512, 256 or 128 rows, or one short tile of whole f32 sublane groups (16 rows)
-    up to 512; `MosaicCodec.fuses` the same for an f32 accumulation."""
-    int8 = eq.Format.int8()
-    assert [codec.tile_rows(r) for r in (2048, 1024, 768, 384, 512, 48, 16)] == \
-        [512, 512, 256, 128, 512, 48, 16]
-    assert [codec.tile_rows(r) for r in (8, 24, 520, 1000)] == [None] * 4
+    tiles of `codec.ROWS` rows or a half, a quarter, an eighth of it, or one short tile of
+    whole 16-row groups up to `codec.ROWS`; `MosaicCodec.fuses` the same for an f32
+    accumulation."""
+    int8, t = eq.Format.int8(), codec.ROWS  # the largest tile
+    assert [codec.tile_rows(r) for r in (4 * t, 2 * t, 3 * t // 2, 3 * t // 4, 3 * t // 8, t,
+                                         48, 16)] == [t, t, t // 2, t // 4, t // 8, t, 48, 16]
+    assert [codec.tile_rows(r) for r in (8, 24, 520, 1000, t + 16)] == [None] * 5
     assert codec.takes(int8, 1024 * 128) and codec.takes(int8, 16 * 128)
     assert not codec.takes(int8, 24 * 128) and not codec.takes(int8, 100)
     assert not codec.takes(eq.Format.parse("int7/b8"), 1024 * 128)

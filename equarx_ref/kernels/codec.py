@@ -21,8 +21,9 @@ declares: its blocks' bytes, labelled as declared wherever it is shown.
 Operands are read where they lie and results written into place, so that a collective never
 cuts a slice out for a kernel (XLA:TPU writes a slice that feeds a custom call to HBM first):
 
-    first_row   (i, a, o): a values operand's rows start at row i a + o of a larger array,
-                i traced (a prefetched scalar the index maps read), a and o whole tiles
+    first_row   a values operand's rows start at row r of a larger array, r a whole tile
+                (an index, traced or not: a prefetched scalar the index maps read), or at
+                row i a + o for `(i, a[, o])`, i an index and a and o whole tiles
     stride      with a message of `count` chunks, chunk c's rows start `stride` rows further
     order       decode: result chunk c reads message order[c] of a stack of messages
     into        the result laid into a larger array: a message's lanes at a lane offset of a
@@ -40,6 +41,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -124,13 +126,51 @@ def _message(message, fmt: Format, name: str = "message") -> Message:
     return Message(payload, scales)
 
 
-def _first_row(first_row):
-    """`first_row` as `(i, a, o)`: row i a + o."""
-    if first_row is None:
+def _row_index(value, what: str):
+    """A row index: a Python or NumPy integer >= 0 (returned as an int), or a 0-d integer
+    array, traced or not (returned as it is)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a row index (an integer, or a 0-d integer array), "
+                        f"got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return checked_count(value, what, minimum=0)
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or shape is None:
+        got = repr(value)
+    elif shape != () or not jnp.issubdtype(dtype, jnp.integer):
+        got = f"an array {dtype}{list(shape)}"
+    else:
+        return value
+    raise TypeError(f"{what} must be a row index (an integer, or a 0-d integer array), got "
+                    f"{got}"[:300])
+
+
+def _known(index) -> int | None:
+    """A row index's value where it is known when tracing, else None."""
+    try:
+        return int(index)
+    except (TypeError, jax.errors.ConcretizationTypeError):
         return None
+
+
+def _first_row(first_row):
+    """`first_row` as `(i, a, o)` (row i a + o) and the offsets that must be whole tiles: for
+    an index r, (r, 1, 0) and r itself where it is known; for `(i, a[, o])`, a and o. Anything
+    else is refused in one line."""
+    if first_row is None:
+        return None, ()
     if isinstance(first_row, tuple):
-        return (*first_row, 0, 0)[:3] if len(first_row) < 3 else first_row
-    return first_row, 1, 0
+        if len(first_row) not in (2, 3):
+            raise TypeError(f"first_row must be a row index or a tuple (i, a[, o]) for row "
+                            f"i a + o, got a tuple of {len(first_row)}")
+        i = _row_index(first_row[0], "first_row's i")
+        a = checked_count(first_row[1], "first_row's a", minimum=0)
+        o = checked_count(first_row[2], "first_row's o", minimum=0) if len(first_row) == 3 \
+            else 0
+        return (i, a, o), (a, o)
+    r = _row_index(first_row, "first_row")
+    known = _known(r)
+    return (r, 1, 0), (() if known is None else (known,))
 
 
 def _call(body, fmt: Format, t: int, count: int, rows: int, *, values=None, messages=(),
@@ -286,17 +326,20 @@ def encode(x, fmt: Format, *, rows: int | None = None, count: int = 1, first_row
            interpret=None) -> Message:
     """Values `[X, 128]` -> the message of `count` chunks of `rows` rows each (default: all
     of x, `count` equal chunks): one message of `count rows` lanes, or with `stacked` a stack
-    `[count, G PB, rows]`. With `first_row` (an index, traced or not, or `(i, a[, o])` for row
-    i a + o) chunk c is read from there plus c `stride` rows (default `rows`), where it lies.
+    `[count, G PB, rows]`. With `first_row` (row r: an index, an integer or a 0-d integer array,
+    traced or not, a whole number of tiles of `tile_rows(rows)` rows, checked where it is
+    known, a traced one read from tile r // T; or `(i, a[, o])` for row i a + o, i an index
+    and a and o whole tiles) chunk c is read from there plus c `stride` rows (default
+    `rows`), where it lies.
     With `into` (`(message, chunk)`), the chunks are written over a larger message (flat or
     stacked) from chunk `chunk` on, in place, and that is returned; `(chunks, chunk)` makes a
     new one of `chunks` chunks whose others are left unset. `interpret`: None runs natively
     on a TPU, in TPU interpret mode elsewhere."""
     fmt, x = checked_format(fmt), _values(x, "x")
     rows, count = _chunks(x.shape[0], rows, count, first_row)
-    first = _first_row(first_row)
+    first, whole = _first_row(first_row)
     stride = rows if stride is None else stride
-    t = _tile(rows, stride, *(first[1:] if first else ()))
+    t = _tile(rows, stride, *whole)
     return _call(functools.partial(_encode_body, fmt), fmt, t, count, rows, values=x,
                  result="message", interpret=interpret, first_row=first, stride=stride,
                  into=_check_message_into(into, fmt, count, rows), stacked_result=stacked)
@@ -340,9 +383,9 @@ def hop(message, local, fmt: Format, *, count: int | None = None, first_row=None
     """One ring hop, `encode(decode(message) + local)`, the sum in f32: a message of chunks
     (one of their lanes side by side, or a stack `[count, G PB, r]`) and their local values ->
     the next message (flat, or with `stacked` a stack). A flat message is `count` chunks
-    (default 1) side by side. With `first_row`, local holds more
-    rows and chunk c's are read from there plus c `stride` rows (default: a chunk's rows);
-    with `into`, as `encode`'s."""
+    (default 1) side by side. With `first_row` (as `encode`'s), local holds more rows and
+    chunk c's are read from there plus c `stride` rows (default: a chunk's rows); with
+    `into`, as `encode`'s."""
     fmt, local = checked_format(fmt), _values(local, "local")
     message = _message(message, fmt)
     three = message.payload.ndim == 3
@@ -355,13 +398,13 @@ def hop(message, local, fmt: Format, *, count: int | None = None, first_row=None
     count = checked_count(1 if count is None else count, "count")
     if lanes % count:
         raise ValueError(f"a message of {lanes} lanes is not {count} equal chunks")
-    first = _first_row(first_row)
+    first, whole = _first_row(first_row)
     rows = lanes if three else lanes // count
     if first is None and local.shape[0] != count * rows:
         raise ValueError(f"local must be the message's {count * rows} rows [rows, 128] (or "
                          f"name first_row=), got {list(local.shape)}")
     stride = rows if stride is None else stride
-    t = _tile(rows, stride, *(first[1:] if first else ()))
+    t = _tile(rows, stride, *whole)
     return _call(functools.partial(_hop_body, fmt), fmt, t, count, rows, values=local,
                  messages=[message], result="message", interpret=interpret, first_row=first,
                  stride=stride, into=_check_message_into(into, fmt, count, rows),

@@ -17,6 +17,7 @@ from .._checks import count, value_dtype
 from ..formats import Format
 from ..schedule import SCHEDULES, in_ring_family, layout, make_schedule
 from ..wire import Codec, encoded_bytes
+from . import tiles
 
 __all__ = ["RingPlan", "plan_ring"]
 
@@ -122,6 +123,9 @@ def plan_ring(n: int, p: int, *, fmt: Format | None, algorithm: str = "ring",
     if fmt is not None and not isinstance(fmt, Format):
         raise TypeError(f"fmt must be an equarx_ref.Format or None, got {type(fmt).__name__}")
     dtype = value_dtype(dtype, "dtype")
+    if fmt is not None and not tiles.supports(fmt):  # the kernel codes with the tile code
+        raise ValueError(f"impl='pallas' codes 8-bit and 4-bit elements in blocks that divide "
+                         f"128 (the tile code, kernels/tiles.py), not {fmt}; use impl='xla'")
     codec = Codec(fmt, dtype)
     length, pieces = layout(n, sched.chunk_count, codec.align, num_chunks)
     lanes = ((0, +1), (p, -1))[:SCHEDULES[algorithm].lanes]  # lane j: chunks from j p

@@ -45,9 +45,11 @@ keeps exactly dequantize(quantize(sum)), bitwise what the others get, as on the 
 "bidir_ring" runs two such lanes at once, chunks 0..p-1 clockwise and p..2p-1 counter-clockwise,
 each with its own slots and semaphores.
 
-Numerics: the fused hop calls the package's `wire.encode` and `decode` on the values inside
-the kernel (see hop.py), so every message is bitwise the XLA path's message and the result is
-bitwise `impl="xla"`'s.
+Numerics: every piece is coded inside the kernel by the tile code (tiles.py, the Mosaic
+codec's own, bitwise the spec), so every message is bitwise the XLA path's message and the
+result is bitwise `impl="xla"`'s. The formats are the tile code's: 8-bit and 4-bit elements in
+blocks that divide 128. Any other (six-bit MX, odd widths such as int7, larger blocks) is
+refused before anything is traced (`plan_ring`), naming impl='pallas'; impl="xla" runs them.
 
 Layout for Mosaic. A TPU vector memory is tiled: the last two dimensions of a buffer are cut
 into tiles (8 x 128 for f32, 32 x 128 for bytes...), and a DMA may slice them only at tile
@@ -292,7 +294,8 @@ def ring_all_reduce(x: jax.Array, axis_name: str, *, fmt: Format | None = Format
     Args:
         x: this device's float array; every device passes the same shape.
         axis_name: one mesh axis (the ring).
-        fmt: the wire format, or None for x's own dtype bit for bit.
+        fmt: the wire format (one the tile code takes: `tiles.supports`), or None for x's
+            own dtype bit for bit.
         algorithm: "ring" or "bidir_ring".
         num_chunks: pieces per chunk in the kernel's pipeline (k; k + 1 receive slots).
         interpret: None picks the backend (native on a TPU, else TPU interpret mode with the

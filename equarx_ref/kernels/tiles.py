@@ -146,7 +146,14 @@ def _int_codes(x: jax.Array, r: dict, fmt: Format) -> jax.Array:
     n0, on it the even one, which rounding n0 + 3/4, n0 + 1/4 or n0 + 1/2 to nearest even
     gives. v is clamped to elem_max - 1/4, so a scale stepped down near f32's maximum
     saturates. Comparisons only: no float environment moves the answer (a flushed
-    subnormal x lies below every midpoint, as the zero it reads as does)."""
+    subnormal x lies below every midpoint, as the zero it reads as does).
+
+    An E8M0 scale (mxint8; no S) makes v exact (x times a power of two that is a normal
+    number, the tiny rule's k >= -126; a product below f32's normals rounds to 0 either way):
+    v clamped to +-elem_max (the spec's saturation) and rounded to nearest even is the
+    answer."""
+    if "S" not in r:
+        return jnp.round(jnp.clip(x * r["inv"], -fmt.elem_max, fmt.elem_max)).astype(jnp.int32)
     top = fmt.elem_max - 0.25
     n0 = jnp.floor(jnp.clip(x * r["inv"], -top, top))
     mid = (n0 + 0.5) * r["S"]
@@ -189,33 +196,52 @@ def _fast(fmt: Format) -> bool:
     return fmt.scale_dtype in ("bfloat16", "e8m0")
 
 
+def _plans(amax, fmt: Format) -> list[tuple[jax.Array, object, int]]:
+    """Each tile's block plan, from its blocks' amax bits (`[G, r]` a tile): the scale bits,
+    what rounding needs (`_rows`, or the plan with its finite mask as a number), and where the
+    tile's rows start in them. Tiles of one width are planned together, their rows stacked
+    so that they fill registers (`block_plan` runs once per block, on whole registers); a
+    short last tile, of another width, on its own."""
+    widths = {}
+    for t, a in enumerate(amax):
+        widths.setdefault(a.shape[1], []).append(t)
+    plans = [None] * len(amax)
+    for ts in widths.values():
+        stacked = jnp.concatenate([amax[t] for t in ts])  # [tiles * G, r]
+        plan = block_plan(lax.bitcast_convert_type(stacked, jnp.float32), fmt)
+        if _fast(fmt):
+            rows = _rows(plan, fmt)
+        else:  # the package's rounding; the finite mask goes down the sublanes as a number
+            rows = dataclasses.replace(plan, finite=jnp.where(plan.finite, 1.0, 0.0))
+        bits = _scale_bits(plan.stored, fmt)
+        for k, t in enumerate(ts):
+            plans[t] = (bits, rows, k * fmt.blocks_per_row)
+    return plans
+
+
 def _encode_t(tiles, fmt: Format) -> Message:
     """Transposed tiles of values (each `[128, r]` f32, slot j: sublanes j B ..) -> the
     message of all of them, laid side by side. Their blocks' scales are worked out together,
-    on rows that fill registers (`block_plan` runs once per block, on whole registers)."""
+    tiles of one width at once (`_plans`)."""
     slots = [_slots(xt, fmt) for xt in tiles]
     mags = [[lax.bitcast_convert_type(s, jnp.int32) & 0x7FFFFFFF for s in ss] for ss in slots]
     # max |x| as the largest magnitude's bits, an integer max: a NaN's lie above +inf's
-    amax = jnp.concatenate([jnp.max(a, axis=0, keepdims=True)
-                            for aa in mags for a in aa])  # [tiles * G, r] bits
-    plan = block_plan(lax.bitcast_convert_type(amax, jnp.float32), fmt)  # every block at once
-    if _fast(fmt):
-        rows = _rows(plan, fmt)
-        codes = _int_codes if fmt.is_int else _float_codes
-    else:  # the package's rounding; the finite mask goes down the sublanes as a number
-        rows = dataclasses.replace(plan, finite=jnp.where(plan.finite, 1.0, 0.0))
-    g = fmt.blocks_per_row
-    payload = []
+    amax = [jnp.concatenate([jnp.max(a, axis=0, keepdims=True) for a in aa])  # [G, r] bits
+            for aa in mags]
+    plans = _plans(amax, fmt)
+    codes = _int_codes if fmt.is_int else _float_codes
+    payload, scales = [], []
     for t, ss in enumerate(slots):
+        bits, rows, at = plans[t]
         out = []
         for j, s in enumerate(ss):  # a slot's registers, 8 sublanes each, share one row
-            row = jax.tree.map(lambda a, i=t * g + j, s=s: jnp.broadcast_to(
+            row = jax.tree.map(lambda a, i=at + j, s=s: jnp.broadcast_to(
                 a[i:i + 1], (8, s.shape[1])), rows)
             if _fast(fmt):
                 a = lax.bitcast_convert_type(mags[t][j], jnp.float32)
                 c = [codes(s[i:i + 8], {**row, "abs": a[i:i + 8]}, fmt)
                      for i in range(0, len(s), 8)]
-                keep = jnp.broadcast_to(rows["keep"][t * g + j:t * g + j + 1],
+                keep = jnp.broadcast_to(rows["keep"][at + j:at + j + 1],
                                         (fmt.payload_bytes_per_block, s.shape[1]))
                 out.append(_pack(jnp.concatenate(c), fmt) &
                            lax.bitcast_convert_type(keep.astype(jnp.int8), jnp.uint8))
@@ -224,9 +250,8 @@ def _encode_t(tiles, fmt: Format) -> Message:
                 c = [plan_codes(s[i:i + 8], row, fmt) for i in range(0, len(s), 8)]
                 out.append(_pack(jnp.concatenate(c), fmt))
         payload.append(jnp.concatenate(out))
-    bits = _scale_bits(plan.stored, fmt)
-    return Message(jnp.concatenate(payload, axis=1),
-                   jnp.concatenate([bits[t * g:(t + 1) * g] for t in range(len(tiles))], axis=1))
+        scales.append(bits[at:at + fmt.blocks_per_row])
+    return Message(jnp.concatenate(payload, axis=1), jnp.concatenate(scales, axis=1))
 
 
 def _factors(bits: jax.Array, fmt: Format) -> jax.Array:
