@@ -19,8 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-skip() {  # skip REASON: fail under CI=true, else say so and stop
+skip() {  # skip REASON: fail under CI=true, else say so (to tests/run.sh's table too) and stop
   if [ "${CI:-}" = true ]; then echo "tests/colab.sh: FAILED: $1" >&2; exit 2; fi
+  echo "skipped: $1" > "${EQUARX_TIER_NOTE:-/dev/null}"
   echo "tests/colab.sh: SKIPPED the Colab tier: $1"; exit 0
 }
 
@@ -61,12 +62,17 @@ pip_q install -q "$spec" numpy matplotlib ipykernel nbval packaging ||
 "$env/bin/python" -c 'import jax; print("tests/colab.sh: jax", jax.__version__)'
 "$env/bin/python" -m pip freeze --exclude-editable | sed 's/[=@ ].*//' | sort > "$env/runtime.txt"
 
-# The wheel, built once, as the notebooks' install cell tells a learner to build it.
-dist=.cache/colab-dist
-rm -rf "$dist"
-pip_q wheel -q --no-deps . -w "$dist"
-wheel=$(ls "$root/$dist"/equarx_ref-*.whl)
-echo "tests/colab.sh: built $(basename "$wheel") ($(($(stat -c %s "$wheel") / 1024)) KiB)"
+# The wheel, built once, as the notebooks' install cell tells a learner to build it; or the one
+# tests/run.sh's wheel tier built from this checkout (EQUARX_COLAB_WHEEL names it).
+if [ -n "${EQUARX_COLAB_WHEEL:-}" ]; then
+  wheel=$(realpath "$EQUARX_COLAB_WHEEL")
+else
+  dist=.cache/colab-dist
+  rm -rf "$dist"
+  pip_q wheel -q --no-deps . -w "$dist"
+  wheel=$(ls "$root/$dist"/equarx_ref-*.whl)
+fi
+echo "tests/colab.sh: the wheel $(basename "$wheel") ($(($(stat -c %s "$wheel") / 1024)) KiB)"
 
 # The stand-in for google.colab, and the IPython startup file that imports it in each kernel.
 stub=$root/$env/colab-stub

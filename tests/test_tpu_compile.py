@@ -66,17 +66,47 @@ def _wire_total(compiled, p):
     return sum(eq.hlo_wire_bytes(compiled.as_text(), p).values())
 
 
+def _compile_report():
+    """The compile tier's report of the matrix, when the tier names it (tests/tpu_compile.sh:
+    `equarx-ref kernels --compile ... --json PATH`, then EQUARX_TPU_COMPILE_JSON=PATH), so a
+    program the matrix compiled is read from it, not compiled again; None elsewhere. A report
+    of other code, jax or libtpu than this process's is refused, never read."""
+    path = os.environ.get("EQUARX_TPU_COMPILE_JSON")
+    if not path:
+        return None
+    report = json.loads(pathlib.Path(path).read_text())
+    made = (report.get("source_digest"), report.get("jax"), report.get("libtpu"))
+    here = (tpu_compile.source_digest(), jax.__version__, tpu_compile.libtpu_version())
+    assert made == here, f"{path} was made by (code, jax, libtpu) {made}, this is {here}"
+    return report
+
+
 @needs_libtpu
 @pytest.mark.parametrize("algorithm", ["ring", "bidir_ring", "two_shot", "one_shot"])
 def test_tpu_program_sends_wire_bytes(algorithm):
-    """XLA:TPU's own program sends exactly what `eq.wire_bytes` counts, every format."""
+    """XLA:TPU's own program sends exactly what `eq.wire_bytes` counts, every format. In the
+    compile tier the programs are the matrix's (the XLA path's bf16 cases on v5e), read from
+    its report; elsewhere they are compiled here."""
     n, p = 4096 + 96, 8
-    for name in (None, "int8", "int4", "mxfp8", "fp8_e4m3"):
+    names = (None, "int8", "int4", "mxfp8", "fp8_e4m3")
+    report = _compile_report()
+    if report is None:
+        sent = {}
+        for name in names:
+            fmt = None if name is None else eq.Format.parse(name)
+            sent[name] = _wire_total(tpu_compile.compile_all_reduce(
+                "v5e:2x4", n=n, p=p, fmt=fmt, algorithm=algorithm), p)
+    else:
+        want = {"n": n, "p": p, "dtype": "bfloat16", "algorithm": algorithm}
+        rows = [r["read"] for r in report["results"] if r["topology"] == "v5e:2x4"
+                and r["family"] == "xla" and r["ok"] and r["read"]["all_reduce"] == {
+                    **want, "format": r["read"]["all_reduce"]["format"]}]
+        sent = {r["all_reduce"]["format"]: r["wire_bytes_hlo"] for r in rows}
+        assert set(names) <= set(sent), (algorithm, sorted(map(str, sent)))
+    for name in names:
         fmt = None if name is None else eq.Format.parse(name)
-        compiled = tpu_compile.compile_all_reduce("v5e:2x4", n=n, p=p, fmt=fmt,
-                                                  algorithm=algorithm)
-        assert _wire_total(compiled, p) == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm,
-                                                         dtype="bfloat16"), (algorithm, name)
+        assert sent[name] == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm,
+                                           dtype="bfloat16"), (algorithm, name)
 
 
 @needs_libtpu

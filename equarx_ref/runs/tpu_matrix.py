@@ -25,6 +25,7 @@ import jax
 import equarx_ref as eq
 
 from .._checks import count
+from ..models.hlo import hlo_wire_bytes
 from . import tpu_schedule
 from .tpu_bytes import byte_ratios, format_byte_ratios
 from .tpu_compile import (
@@ -54,6 +55,10 @@ class CompileResult:
         ok: the compiler produced an executable.
         seconds: compile wall time (this machine, CPU).
         error: the compiler's first line of complaint, "" when ok.
+        read: what was read off the compiled program, so that a test takes it from the stored
+            report rather than compiling the program again: for an AllReduce,
+            "all_reduce" (its arguments) and "wire_bytes_hlo" (the bytes one chip's
+            collectives send, `hlo.hlo_wire_bytes` summed); empty otherwise.
     """
 
     topology: str
@@ -62,6 +67,7 @@ class CompileResult:
     ok: bool
     seconds: float
     error: str = ""
+    read: dict = dataclasses.field(default_factory=dict)
 
 
 def _first_line(e: Exception) -> str:
@@ -181,13 +187,14 @@ def compile_matrix(topology: str | tuple[str, ...], *, families: tuple[str, ...]
     for t in topologies:
         tpu_devices(t)
 
-    def build(lowered):
+    def build(lowered, reader):
         start = time.perf_counter()
         try:
-            lowered.compile()
-            return True, "", time.perf_counter() - start
+            compiled = lowered.compile()
+            seconds = time.perf_counter() - start
+            return True, "", seconds, reader(compiled) if reader else {}
         except Exception as e:  # the compiler's complaint is the result
-            return False, _first_line(e), time.perf_counter() - start
+            return False, _first_line(e), time.perf_counter() - start, {}
 
     out: list = []
     with concurrent.futures.ThreadPoolExecutor(max(1, count(jobs, "jobs", minimum=1))) as pool:
@@ -199,14 +206,34 @@ def compile_matrix(topology: str | tuple[str, ...], *, families: tuple[str, ...]
                     progress(f"{t} {family}: {case}")
                 start = time.perf_counter()
                 try:
-                    done = pool.submit(build, thunk())
+                    done = pool.submit(build, thunk(), _reader(thunk))
                 except Exception as e:  # refused while lowering (jax's or Pallas's checks)
                     done = concurrent.futures.Future()
-                    done.set_result((False, _first_line(e), 0.0))
+                    done.set_result((False, _first_line(e), 0.0, {}))
                 out.append((t, family, case, time.perf_counter() - start, done))
-    return [CompileResult(t, family, case, ok, lowering + seconds, error)
+    return [CompileResult(t, family, case, ok, lowering + seconds, error, read)
             for t, family, case, lowering, done in out
-            for ok, error, seconds in (done.result(),)]
+            for ok, error, seconds, read in (done.result(),)]
+
+
+def _reader(thunk) -> Callable[[object], dict] | None:
+    """What to read off a case's compiled program (`CompileResult.read`): for an AllReduce
+    (`compile_all_reduce`), its arguments and the bytes its collectives send per chip."""
+    if not (isinstance(thunk, functools.partial) and thunk.func is compile_all_reduce):
+        return None
+    kw = thunk.keywords
+    fmt = kw.get("fmt")
+    args = {"n": kw["n"], "p": kw.get("p", 8), "dtype": str(kw.get("dtype", "bfloat16")),
+            "format": None if fmt is None else str(fmt),
+            **{k: v for k, v in kw.items() if k in ("algorithm", "num_chunks", "impl", "torus",
+                                                    "rotate", "hop_bits")},
+            **({"key": True} if kw.get("key") is not None else {})}
+
+    def read(compiled) -> dict:
+        sent = hlo_wire_bytes(compiled.as_text(), args["p"])
+        return {"all_reduce": args, "wire_bytes_hlo": sum(sent.values())}
+
+    return read
 
 
 def format_table(results: list[CompileResult]) -> str:
