@@ -61,6 +61,7 @@ def test_the_data_goes_quantized():
 
 @pytest.mark.parametrize("check_vma", [True, False])
 @pytest.mark.parametrize("algorithm,fmt", CASES)
+@pytest.mark.slow
 def test_derivatives_are_psums_exactly_where_unquantized(algorithm, fmt, check_vma):
     """The tangent is psum's tangent and the cotangent psum's cotangent, bitwise, whatever the
     forward sends (a linear loss, so the forward's error cannot enter the gradient)."""
@@ -125,6 +126,7 @@ def test_quantized_backward_sends_the_cotangent_through_the_collective():
         smap(lambda v: ar(v[0], fmt=INT8, backward="int8"))(X)
 
 
+@pytest.mark.slow
 def test_pytree_is_one_buffer_or_buckets_and_keeps_dtypes():
     tree = {"a": X[:, :50].reshape(8, 5, 10), "b": (X[:, 50:120].astype(jnp.bfloat16),
                                                     X[:, 120:])}
@@ -149,6 +151,7 @@ def test_pytree_is_one_buffer_or_buckets_and_keeps_dtypes():
     np.testing.assert_array_equal(np.asarray(buckets["b"][1]), np.asarray(alone))
 
 
+@pytest.mark.slow
 def test_bucket_and_dtype_bytes_match_the_hlo():
     """What is counted is what is sent: wire_bytes of each bucket (in the buffer's dtype) sum
     to the compiled HLO's collective bytes; fmt=None with dtype=bf16 sends 2 bytes a value."""
@@ -204,6 +207,7 @@ def test_scalars_and_bad_leaves():
         smap(lambda v: ar({"i": jnp.arange(3), "v": v[0]}, fmt=INT8))(X)
 
 
+@pytest.mark.slow
 def test_vmap_and_pmap_axes_work_like_psum():
     """Under vmap(axis_name=...) (and pmap) the same schedules run: the gathers are typed
     invariant only over mesh axes. Unquantized: psum's sum; int8: within the model."""
@@ -227,6 +231,7 @@ def test_vmap_and_pmap_axes_work_like_psum():
         jax.vmap(lambda r: eq.all_reduce(r, "c"), axis_name="b")(x)
 
 
+@pytest.mark.slow
 def test_fp8_input_accumulates_in_f32_and_the_public_keywords_are_checked():
     """A float8 buffer travels as one byte a value (fmt=None) or is quantized from f32 sums;
     the result comes back in float8. Bad keywords: one line each, from all_reduce and
@@ -295,6 +300,7 @@ FORWARD = {  # forward mode: exact with backward="psum", refused by jax with "qu
 
 @pytest.mark.parametrize("check_vma", [True, False])
 @pytest.mark.parametrize("backward", ["psum", "quantized"])
+@pytest.mark.slow
 def test_every_order_and_transformation_is_psums_or_refused(backward, check_vma):
     """#wrong, derivatives: a hessian through the quantized backward was all zeros (forward
     over reverse differentiated the rounding). Now every transformation gives psum's result
@@ -375,6 +381,7 @@ def test_linear_transpose_of_a_cast_sum_is_refused():
                                      jnp.float32)(X)))
 
 
+@pytest.mark.slow
 def test_a_traced_key_does_not_leak_from_the_backward():
     """#wrong, tracer leaks: jit(grad) of a quantized backward with stochastic rounding, the key
     a jit argument or made inside the trace (AllReduce(stochastic_seed=)), check_vma=False:

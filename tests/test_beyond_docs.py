@@ -132,6 +132,7 @@ def test_every_stored_command_is_the_one_the_docs_name():
     assert "sweep.json" in commands and "outliers.json" in commands
 
 
+@pytest.mark.slow
 def test_results_beyond_tables_agree_with_the_json():
     """Read independently of the generator: the Results page's map rows (errors at every device
     count, on each kind of data) and static int4 rows carry the stored numbers."""

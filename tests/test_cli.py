@@ -26,6 +26,7 @@ def test_setup_devices():
         eq.setup_devices(0)
 
 
+@pytest.mark.slow
 def test_demo_json(tmp_path, capsys):
     out = tmp_path / "demo.json"
     assert cli.main(["demo", "--size", "4096", "--repeats", "1", "--json", str(out),
@@ -75,6 +76,7 @@ def _chip() -> str:
     return chip_name(_default().device_kind, _default().platform)
 
 
+@pytest.mark.slow
 def test_bench(capsys, tmp_path):
     """`bench` prints and stores every program's row (timings are shown, never asserted: a
     benchmark, not a test of speed), with the fewest bytes of each program exact, and the
@@ -120,6 +122,7 @@ def test_bench(capsys, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_bench_times_the_mosaic_codec_where_asked():
     """On a TPU `bench` times the Mosaic codec's kernels beside the XLA path; here, asked for
     them, it runs them in interpret mode (a test of the wiring, not a timing): same fewest
@@ -208,6 +211,7 @@ def test_version_prefers_the_installed_metadata(monkeypatch):
     assert cli.version().endswith("(source tree)")
 
 
+@pytest.mark.slow
 def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     """`equarx-ref check` on this machine's default device: every format and data class, and
     the all_reduce cases, bitwise the spec; one table, one verdict, status 0."""
@@ -231,6 +235,7 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
     assert result["all_reduce"]["ring int8 p=8 (mosaic)"] is None
 
 
+@pytest.mark.slow
 def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     """One bit flipped in the codec's bytes: status 1, and the block that differs is shown with
     its values, the expected and the received bytes."""
@@ -256,6 +261,7 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     assert "values" in lines
 
 
+@pytest.mark.slow
 def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     """The Mosaic codec's kernels are checked too: with one bit of the encode kernel's output
     flipped, or the decode kernel's values negated, the check fails and names the kernel."""
@@ -282,6 +288,7 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     assert "first difference: kernels int8, " in text and "by kernels.codec.decode" in text, text
 
 
+@pytest.mark.slow
 def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
     """The GPU codec's kernels are checked too (interpreted here, native on a GPU): with one
     bit of the encode kernel's payload flipped, the check fails and names the kernel."""
@@ -299,6 +306,7 @@ def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
     assert "first difference: gpu kernels int8, gaussian, by kernels.gpu.encode" in text, text
 
 
+@pytest.mark.slow
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):
     """The stochastic-rounding path is checked too: with the f32-scale decision broken (every
     value rounded down), the check fails and names that path."""

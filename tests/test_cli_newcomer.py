@@ -158,6 +158,7 @@ def test_sibling_commands_take_the_same_options():
         assert "--no-progress" in _options(command), command
 
 
+@pytest.mark.slow
 def test_check_says_what_it_is_doing(monkeypatch, capsys):
     """One format and one all_reduce case (the whole check is test_cli's): a line per part on
     stderr as it starts, none with --no-progress; the table and verdict as before."""

@@ -161,6 +161,7 @@ ERROR_CASES = ([(a, p, INT8) for a in QUANTIZED for p in (2, 3, 5, 8)]
 
 @pytest.mark.parametrize("algorithm,p,fmt", ERROR_CASES, ids=[
     f"{a}-{p if isinstance(p, int) else 'x'.join(map(str, p))}-{f}" for a, p, f in ERROR_CASES])
+@pytest.mark.slow
 def test_error_matches_the_model_within_5_percent(algorithm, p, fmt):
     """measured / predicted relative error in [0.95, 1.05] on i.i.d. Gaussian inputs.
 
@@ -179,6 +180,7 @@ def test_error_matches_the_model_within_5_percent(algorithm, p, fmt):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "bidir_ring"])
+@pytest.mark.slow
 def test_torus_2d_pipelined(algorithm):
     """Pipelined torus (3 pieces a chunk): bitwise the reference, hence the unpipelined run."""
     x = np.asarray(gaussian(8, 8192, seed=5))
@@ -214,6 +216,7 @@ def test_unquantized_two_devices_is_one_exact_addition(algorithm, dtype):
 
 
 @pytest.mark.parametrize("algorithm", QUANTIZED)
+@pytest.mark.slow
 def test_bitwise_identical_on_every_device_and_deterministic(algorithm):
     x = gaussian(8, 1000, seed=3)
     rows = run(x, algorithm, every_device=True)
@@ -224,12 +227,14 @@ def test_bitwise_identical_on_every_device_and_deterministic(algorithm):
 
 @pytest.mark.parametrize("algorithm,num_chunks", [("ring", 3), ("ring", 8), ("bidir_ring", 2),
                                                   ("bidir_ring", 3)])
+@pytest.mark.slow
 def test_pipelining_is_bitwise_equal(algorithm, num_chunks):
     x = gaussian(8, 5000, seed=4)
     np.testing.assert_array_equal(run(x, algorithm, num_chunks=num_chunks), run(x, algorithm))
 
 
 @pytest.mark.parametrize("algorithm", QUANTIZED)
+@pytest.mark.slow
 def test_zeros_nan_and_huge_values(algorithm):
     np.testing.assert_array_equal(run(np.zeros((8, 512), np.float32), algorithm), 0.0)
     x = np.array(gaussian(8, 512, seed=6))
@@ -276,6 +281,7 @@ FORMATS = [None, INT8, eq.Format.int4(), eq.Format.fp8_e4m3(), eq.Format.mxfp4()
 @pytest.mark.parametrize("fmt", FORMATS, ids=eq.format_label)
 @pytest.mark.parametrize("algorithm,num_chunks", [("ring", 1), ("ring", 3), ("bidir_ring", 1),
                                                   ("two_shot", 1), ("one_shot", 1)])
+@pytest.mark.slow
 def test_wire_bytes_equal_compiled_hlo(algorithm, fmt, num_chunks):
     n = 3000
     hlo = _compiled((8,), algorithm, fmt, num_chunks, (n,), jnp.bfloat16).as_text()
@@ -286,6 +292,7 @@ def test_wire_bytes_equal_compiled_hlo(algorithm, fmt, num_chunks):
     assert "all-reduce" not in counted  # no hidden psum
 
 
+@pytest.mark.slow
 def test_wire_bytes_torus_and_psum():
     n = 4096
     for algorithm in ["ring", "bidir_ring"]:
@@ -376,6 +383,7 @@ def test_all_reduce_object_is_a_hashable_validated_value():
     (eq.AllReduce(INT8, "bidir_ring"), (2, 4)),
     (eq.AllReduce(None, "psum"), (8,)),
 ], ids=str)
+@pytest.mark.slow
 def test_all_reduce_object_is_all_reduce(config, shape):
     """Called inside shard_map it is all_reduce with its fields, bitwise."""
     mesh = _mesh(shape)

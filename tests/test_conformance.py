@@ -211,6 +211,7 @@ def test_a_message_is_a_permutation_of_the_canonical_bytes(name):
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_encoders_give_the_spec_bytes(name, jit):
     """quantize+to_bytes (eager and jit) is the spec's canonical bytes, every class; and
     `wire.encode` (jit, every class at once along a leading axis) is `spec.message` of the
@@ -341,8 +342,15 @@ def _hop_inputs(name: str, dtype, rows: int = ROWS) -> tuple[np.ndarray, np.ndar
     return incoming, local, total
 
 
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("name", KERNEL_FORMATS)
+#: The tile code on f32 input for every format; on bf16 input (whose values are f32's, rounded
+#: first) for one format of each scale type and element width: the code path differs only there.
+TILE_CASES = [(name, np.float32) for name in KERNEL_FORMATS] + [
+    (name, ml_dtypes.bfloat16) for name in ("int8", "int4", "mxfp4", "int8/f32")]
+
+
+@pytest.mark.parametrize(("name", "dtype"), TILE_CASES,
+                         ids=[f"{n}-{'f32' if d is np.float32 else 'bf16'}" for n, d in TILE_CASES])
+@pytest.mark.slow
 def test_the_tile_code_gives_the_spec_bytes(name, dtype):
     """`kernels.tiles` as XLA ops (jit), on two tiles of values in f32 and bf16: encode is
     the spec's message, decode (to f32 and to the input dtype) its values, a hop (the message
@@ -392,6 +400,7 @@ def _stack(qs, fmt) -> Message:
 
 
 @pytest.mark.parametrize("name", KERNEL_FORMATS)
+@pytest.mark.slow
 def test_mosaic_kernels_give_the_spec_bytes(name):
     """`kernels.codec` (TPU interpret mode) on messages of three tiles: encode (f32 values)
     is the spec's message, decode its values, a hop (bf16 local values, as impl="mosaic"
@@ -414,6 +423,7 @@ def test_mosaic_kernels_give_the_spec_bytes(name):
 
 
 @pytest.mark.parametrize("name", IN_PLACE_FORMATS)
+@pytest.mark.slow
 def test_mosaic_kernels_read_and_write_in_place(name):
     """The kernels' in-place features (interpret mode), each against the spec on the rows it
     names: bf16 source rows [4 chunks of 128, 128] read from `first_row` (traced, (i, a)),
@@ -515,6 +525,7 @@ RING_CASES = [  # format, p, algorithm, pipeline pieces, input dtype
 @pytest.mark.parametrize(("name", "p", "algorithm", "k", "dtype"), RING_CASES,
                          ids=[f"{c[0]}-{c[2]}-p{c[1]}-k{c[3]}-{np.dtype(c[4]).name}"
                               for c in RING_CASES])
+@pytest.mark.slow
 def test_the_pallas_ring_gives_the_spec_sum(name, p, algorithm, k, dtype):
     """`all_reduce(impl="pallas")` (interpret mode) on the data classes (each device's the
     classes, shifted and scaled by its rank) is `spec.all_reduce` of the same schedule, bit

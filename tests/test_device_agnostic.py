@@ -159,6 +159,7 @@ def test_the_emulation_is_a_one_chip_machine():
         jax.pmap(lambda r: r, axis_name="b")(np.ones((8, 2)))  # what the lint forbids
 
 
+@pytest.mark.slow
 def test_tests_pass_with_one_default_device():
     env = {**os.environ, "EQUARX_REF_TEST_ONE_DEFAULT_DEVICE": "1", "JAX_NUM_CPU_DEVICES": "9",
            "JAX_PLATFORMS": "cpu"}

@@ -67,6 +67,7 @@ def _page(site: Path, rel: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_strict_build_has_every_page(site):
     for rel in ["", "concepts", "results", "contributing"]:
         _page(site, rel)
@@ -251,6 +252,7 @@ def test_readme_headline_agrees_with_the_json():
             assert f"{r['format']} {r['speedup_vs_bf16']:.2f}x" in text, r
 
 
+@pytest.mark.slow
 def test_results_table_rows_agree_with_the_json():
     """Read independently of the generator: each JSON row has its row on the Results page, with
     the same numbers."""
@@ -457,6 +459,7 @@ def test_home_page_renders_with_its_figure(server, tmp_path, capsys):
     _not_blank(shot)
 
 
+@pytest.mark.slow
 def test_notebook_page_renders_with_its_stored_figures(server, tmp_path, capsys):
     nb = NOTEBOOKS[0]
     stored = [o["data"]["image/png"] for c in json.loads(nb.read_text())["cells"]
@@ -537,6 +540,7 @@ def _site_pages(site: Path) -> list[str]:
     return sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
 
 
+@pytest.mark.slow
 def test_every_link_anchor_code_block_and_figure_as_a_reader_sees_them(server, site, tmp_path):
     """Every page in the browser: each internal link resolves (a page or a file of the site),
     each #anchor exists in its target, nothing in the content spills out of the page or breaks
@@ -581,6 +585,7 @@ def test_every_link_anchor_code_block_and_figure_as_a_reader_sees_them(server, s
     assert not problems, "as a reader sees it:\n  " + "\n  ".join(problems)
 
 
+@pytest.mark.slow
 def test_home_page_quick_start_runs():
     """The quick start on the home page is real code: run it as written."""
     text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")

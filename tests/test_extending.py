@@ -79,6 +79,7 @@ def _inputs(p, n, seed):
     return x
 
 
+@pytest.mark.slow
 def test_a_format_is_a_row_of_the_spec_table(toy_format):
     fmt = toy_format
     assert (fmt.element, fmt.elem_bits, fmt.mant_bits, fmt.min_exponent, fmt.elem_max) == \

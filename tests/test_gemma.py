@@ -377,6 +377,7 @@ def test_precision_argument(small):
                                              precision="fast")
 
 
+@pytest.mark.slow
 def test_quality_report_records_its_precision(small):
     from equarx_ref.gemma.quality import evaluate
     from equarx_ref.gemma.report import format_table

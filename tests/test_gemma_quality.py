@@ -30,6 +30,7 @@ def report(tmp_path_factory):
     return json.loads((out / "q.json").read_text())
 
 
+@pytest.mark.slow
 def test_report_shape(report):
     m = report["meta"]
     assert (m["tp"], m["tokens"], m["scored"], m["precision"]) == (4, 160, 159, "highest")

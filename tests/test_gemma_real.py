@@ -109,6 +109,7 @@ def test_tokenizer_matches_transformers_on_probes(tokenizer, probe):
     assert tokenizer.encode(probe, parse_special=True) == REF["probes"][probe]
 
 
+@pytest.mark.slow
 def test_forward_matches_transformers(single_device_scores):
     nll, top1 = single_device_scores
     ref_nll, ref_top1 = np.asarray(REF["nll"]), np.asarray(REF["top1"])
@@ -125,6 +126,7 @@ def test_forward_matches_transformers(single_device_scores):
 
 
 @pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.slow
 def test_tensor_parallel_psum_agrees(gemma270m, single_device_scores, p):
     config, params = gemma270m
     mesh = eq.make_mesh(DEVICES[:p], ("tp",))
@@ -264,6 +266,7 @@ def test_truncated_tiny_gguf_is_refused(tiny, tmp_path, cut):
 
 
 @pytest.mark.parametrize("size", ["4 KiB", "half"])
+@pytest.mark.slow
 def test_truncated_packaged_gguf_is_refused(tmp_path, size):
     from equarx_ref.gemma.gguf_file import default_gguf_path
 

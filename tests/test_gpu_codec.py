@@ -112,6 +112,7 @@ def test_gpu_codec_gives_the_spec_message(name):
 @pytest.mark.parametrize("name, shape", [("int8", (2, 3, 64 * 128)),  # 32-row tiles, 2 a message
                                          ("mxfp4", (3, 3 * 128)),  # a row a step, 3 messages
                                          ("int8/b256", (2, 3 * 256))])  # G = 1: a row a block
+@pytest.mark.slow
 def test_gpu_codec_keeps_leading_axes_and_bf16(name, shape):
     """bf16 messages with leading axes, as the collectives hand them over, in tiles of 32 rows,
     of one row, and with one block a row: the XLA codec's message, the bf16 values
@@ -222,6 +223,7 @@ def test_gpu_codec_refuses_what_it_does_not_code(name, why):
         gpu.encode(jnp.zeros(fmt.row * 4), fmt)
 
 
+@pytest.mark.slow
 def test_gpu_codec_refuses_bad_messages_in_one_line():
     fmt = eq.Format.int8()
     good = wire.encode(jnp.zeros((2, 256)), fmt)  # payload [2, 128, 2], scales [2, 4, 2]
@@ -361,6 +363,7 @@ def test_the_emulation_is_tritons():
 
 
 @pytest.mark.parametrize("name", gpu.FORMATS)
+@pytest.mark.slow
 def test_the_tile_code_gives_the_spec_under_tritons_semantics(name):
     """What the GPU codec's kernels compute on a tile (`_encode_tile`, `_decode_tile`,
     `_hop_tile`: every grid step's body but its loads and stores), evaluated with Triton's

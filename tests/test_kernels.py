@@ -152,6 +152,7 @@ def test_mosaic_codec_refuses_bad_arguments():
 
 
 @pytest.mark.parametrize("name", ["int8", "mxfp4"])
+@pytest.mark.slow
 def test_mosaic_codec_tiles_the_message(name):
     """`kernels.codec` on 256 rows (one grid step of two of the tile code's 128-row tiles), as
     `count` = 2 chunks (two grid steps), and on 48 rows (one short tile): the XLA codec's
@@ -227,6 +228,7 @@ CASES = [  # p, algorithm, format, values per device, pipeline pieces, input dty
 
 @pytest.mark.parametrize(("p", "algorithm", "fmt", "n", "k", "dtype"), CASES,
                          ids=lambda v: str(v) if not hasattr(v, "dtype") else None)
+@pytest.mark.slow
 def test_pallas_ring_is_bitwise_xla(p, algorithm, fmt, n, k, dtype):
     x = np.array(jax.random.normal(jax.random.key(p * n), (p, n)))
     x[:, 32:64] = 0.0  # an all-zero block on every device
@@ -325,6 +327,7 @@ def test_measure_hop_refuses_without_a_tpu():
         _kernel_checks().measure_hop()
 
 
+@pytest.mark.slow
 def test_cli_kernels(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(_kernel_checks(), "CHECKS", ((2, "ring", "int8", 1, None),
                                                    (4, "ring", "int8", 2, "early_read")))
@@ -467,6 +470,7 @@ def test_mosaic_codec_takes_first_row_as_an_index():
     _same(got, encode(source[32:48].reshape(-1), fmt), "encode from row 32")
 
 
+@pytest.mark.slow
 def test_mosaic_codec_steps_in_place_match_the_cut_ones():
     """`MosaicCodec.encode_at`, `hop_at`, `decode_in_order` and `decode_into` with the kernels
     (interpret mode): the messages and values of the steps they stand for, on a slice cut out

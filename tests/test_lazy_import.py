@@ -137,6 +137,7 @@ def jaxless_python(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("optimize", [[], ["-O"]], ids=["plain", "python -O"])
+@pytest.mark.slow
 def test_the_spec_runs_where_jax_is_not_installed(jaxless_python, optimize, tmp_path):
     """docs/api/spec.md: "Run it where jax is not installed": the checkout on PYTHONPATH, run
     from elsewhere, in an environment whose only packages are NumPy and ml_dtypes."""

@@ -68,6 +68,7 @@ CASES = [  # algorithm, format, p, values per device, num_chunks, dtype, extra, 
 @pytest.mark.parametrize(("algorithm", "name", "p", "n", "k", "dtype", "extra", "kernels"),
                          CASES, ids=[f"{c[0]}-{c[1]}-{c[3]}-{c[4]}-{sorted(c[6])}"
                                      for c in CASES])
+@pytest.mark.slow
 def test_mosaic_is_bitwise_xla_with_the_same_wire_bytes(algorithm, name, p, n, k, dtype, extra,
                                                         kernels, monkeypatch):
     jax.clear_caches()  # a compiled schedule would not trace the codec again
@@ -86,6 +87,7 @@ def test_mosaic_is_bitwise_xla_with_the_same_wire_bytes(algorithm, name, p, n, k
     assert sent["mosaic"] == sent["xla"]
 
 
+@pytest.mark.slow
 def test_kernels_in_place_inside_the_collective_are_bitwise_xla(monkeypatch):
     """Off a TPU the collectives code with the kernels' tile code on whole messages
     (`MosaicCodec`, XLA ops); here the kernels themselves run, in TPU interpret mode, on 4

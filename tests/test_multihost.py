@@ -84,6 +84,7 @@ def _taken_port(monkeypatch, times: int):
     return holder
 
 
+@pytest.mark.slow
 def test_a_taken_port_is_retried(monkeypatch):
     with _taken_port(monkeypatch, 1):
         result = multihost.run(2, sizes=[1 << 12], algorithms=["ring"], formats=["int8"],
@@ -91,6 +92,7 @@ def test_a_taken_port_is_retried(monkeypatch):
     assert all(r["bitwise_equal"] for r in result["results"])
 
 
+@pytest.mark.slow
 def test_a_port_taken_every_time_is_named(monkeypatch):
     with _taken_port(monkeypatch, 3) as holder:
         port = holder.getsockname()[1]
@@ -101,6 +103,7 @@ def test_a_port_taken_every_time_is_named(monkeypatch):
 
 
 @pytest.mark.parametrize("hosts", [2, 6])
+@pytest.mark.slow
 def test_the_time_limit_holds(hosts, monkeypatch):
     """50 repeats of 1 MiB take longer than 10 s: the run ends in the limit's TimeoutError
     (were the limit not enforced, it would finish and return), every worker it started
@@ -215,6 +218,7 @@ def _running(net) -> bool:
 
 @as_root
 @pytest.mark.parametrize("how", ["kill -9", "Ctrl-C", "SIGTERM", "a worker dies"])
+@pytest.mark.slow
 def test_nothing_is_left_behind(how):
     proc = _launch()
     net = network.names(str(proc.pid), 2)

@@ -265,6 +265,7 @@ def test_run_refuses_before_touching_files_when_a_tool_is_missing(tmp_path, monk
     assert not nb.with_suffix(".md").exists()
 
 
+@pytest.mark.slow
 def test_default_run_collects_every_notebook_once():
     """The README's plain `python -m pytest` (pyproject's addopts and testpaths) collects every
     notebook in notebooks/ exactly once: not skipped, not excluded, not twice through docs/."""

@@ -212,6 +212,7 @@ def small_model():
     return params, tokens, s, exact
 
 
+@pytest.mark.slow
 def test_static_collective_in_the_model(small_model):
     from equarx_ref.gemma import calibrate, forward, parallel, shard_params
 

@@ -136,6 +136,7 @@ def test_grids():
     log_scale=st.floats(-30, 30),
     seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow
 def test_roundtrip_error_bound(name, n, log_scale, seed):
     fmt = FORMATS[name]
     rng = np.random.default_rng(seed)
@@ -194,6 +195,7 @@ def test_zero_nan_inf_blocks(name):
     assert np.all(np.abs(y[96:] - x[96:]) <= _error_bound(jnp.asarray(x), fmt)[96:] * 1.000001)
 
 
+@pytest.mark.slow
 def test_tiny_blocks_read_as_zeros_documented():
     """amax below the format's tiny threshold (int8: 2^-119, about 1.5e-36; mxfp8: 2^-108,
     about 3.1e-33): the block reads 0, for bf16 and E8M0 scales alike."""
@@ -218,6 +220,7 @@ def test_integer_input_refused():
         eq.quantize(jnp.arange(32), eq.Format.int8())
 
 
+@pytest.mark.slow
 def test_wire_layout_and_packing():
     for fmt in FORMATS.values():
         x = jax.random.normal(jax.random.key(2), (3, 50))
@@ -235,6 +238,7 @@ def test_wire_layout_and_packing():
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.slow
 def test_message_layout_is_the_quantized_blocks_transposed(name):
     """`encode` of rows [3, m]: payload uint8 [3, G PB, R] and scale bits [3, G, R], block
     r G + j in lane r of slot j (payload[j PB + i, r] = byte i of its payload), the very
@@ -301,6 +305,7 @@ def test_unquantized_messages_are_the_raw_bits(dtype):
 
 
 @pytest.mark.parametrize("name", ["int4", "fp4_e2m1", "mxfp4"])
+@pytest.mark.slow
 def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
     """`decode` unpacks 4-bit elements in uint8 on the XLA path, the TPU kernels' tile code
     (`kernels.tiles`) widened to int32 down sublanes: every payload byte (every nibble pair)
@@ -331,6 +336,7 @@ def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
                                       got[r])
 
 
+@pytest.mark.slow
 def test_quantized_is_a_pytree_with_static_metadata():
     q = eq.quantize(jax.random.normal(jax.random.key(4), (4, 16)), eq.Format.int4(block_size=8))
     leaves, tree = jax.tree_util.tree_flatten(q)
@@ -342,6 +348,7 @@ def test_quantized_is_a_pytree_with_static_metadata():
 
 
 @pytest.mark.parametrize("name", ["int8", "int4/b16", "mxfp4", "fp8_e5m2/b64/f32"])
+@pytest.mark.slow
 def test_stacked_buffers_dequantize_with_their_leading_axes(name):
     """from_bytes of a [k, nbytes] buffer (what a gather brings) -> dequantize -> [k, *shape],
     row i equal to the dequantized row i, under jit and vmap alike."""
@@ -385,6 +392,7 @@ def test_a_nan_anywhere_makes_its_block_non_finite(name, blocks):
 
 @pytest.mark.parametrize("name", ["int8", "int4", "int8/f32", "int4/b8", "int8/b8", "int8/b64",
                                   "mxint8", "fp8_e4m3", "mxfp4"])
+@pytest.mark.slow
 def test_gaussian_error_constant(name):
     """gaussian_relative_error against a measurement on 2^20 other Gaussian values (relative
     standard error ~0.1%, computed here): a closed form should be within 2%."""

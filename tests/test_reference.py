@@ -242,6 +242,7 @@ def test_bitwise_against_reference(name, mode):
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
 @pytest.mark.parametrize("name", ["int8", "int4/b16", "fp8_e4m3/f32", "fp4_e2m1", "mxfp8"])
+@pytest.mark.slow
 def test_small_normal_blocks_follow_the_same_rules(name, mode):
     """Values between 1e-36 and 1e-31 are normal floats: the scale and rounding rules hold
     exactly there too (an exact comparison must not lose its difference to a flush to zero)."""
@@ -250,6 +251,7 @@ def test_small_normal_blocks_follow_the_same_rules(name, mode):
 
 
 @pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.slow
 def test_blocks_near_f32_max_stay_within_the_bound(name):
     """amax up to 3.4028e38: bitwise the reference, finite, and each value within the format's
     usual error (half a grid step of the block, as everywhere else) plus the saturation's
@@ -284,6 +286,7 @@ def test_blocks_near_f32_max_stay_within_the_bound(name):
 @pytest.mark.parametrize("mode", ["jit", "eager"])
 @pytest.mark.parametrize("name", ["int8", "int4/b8/f32", "fp8_e4m3", "fp8_e5m2", "mxfp8",
                                   "mxfp4/ceil"])
+@pytest.mark.slow
 def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
     """amax below the format's tiny threshold (decided on amax's exponent bits, the same on
     every backend): scale 0 (E8M0: 2^-127), dequantized zeros, and (like an all-zero block) a
@@ -301,6 +304,7 @@ def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
 
 @pytest.mark.parametrize("mode", ["jit", "eager"])
 @pytest.mark.parametrize("name", ["int8", "mxfp8", "mxfp4/b16", "mxfp6_e3m2/ceil", "int9"])
+@pytest.mark.slow
 def test_non_finite_blocks(name, mode):
     """A NaN or inf makes the scale non-finite and every value non-finite; quantize.py
     documents that the payload of such a block is forced to 0."""

@@ -73,6 +73,7 @@ def test_stochastic_rounding_is_unbiased(algorithm):
     assert np.mean((nearest / se) ** 2) > 10 * chi2
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_within_one_step():
     """Each quantization: |x' - x| < one step (integers: the scale; floats: one ULP of the
     element at that value, here bounded by the block's largest step)."""
@@ -90,6 +91,7 @@ def test_stochastic_rounding_within_one_step():
             assert np.all(err < step), f"{fmt}: error {np.max(err / step):.3f} steps"
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_identical_on_every_device_and_per_key():
     x = gaussian(8, 3000, seed=4)
     key = jax.random.key(5)
@@ -104,6 +106,7 @@ def test_stochastic_rounding_identical_on_every_device_and_per_key():
     assert 1.2 < ratio < 1.6, ratio
 
 
+@pytest.mark.slow
 def test_hops_and_devices_round_independently():
     """Identical inputs on every device and a shared key: if devices (or hops) reused one
     another's random numbers, the all_to_all's p quantizations of the same chunk would round
@@ -119,6 +122,7 @@ def test_hops_and_devices_round_independently():
     assert 6 < ratio < 10.5, f"error variance {ratio:.1f} x one quantization's, expected ~8"
 
 
+@pytest.mark.slow
 def test_all_reduce_object_with_a_seed():
     a = eq.AllReduce(INT8, "ring", stochastic_seed=3)
     assert a == eq.AllReduce(INT8, "ring", stochastic_seed=3) and len({a, eq.AllReduce()}) == 2
@@ -155,6 +159,7 @@ def test_all_reduce_object_with_a_seed():
 # ---- rotation --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hadamard_is_the_sylvester_matrix_and_rotation_inverts():
     for block in (1, 2, 16, 32, 64):
         h = np.array([[1.0]])
@@ -218,6 +223,7 @@ PLANS = [("ring", 8, INT8, 1), ("ring", 5, INT4, 1), ("bidir_ring", 4, INT8, 1),
 
 
 @pytest.mark.parametrize("algorithm,p,fmt,num_chunks", PLANS)
+@pytest.mark.slow
 def test_adaptive_bits_bytes_and_reference(algorithm, p, fmt, num_chunks):
     """The plan's bytes: the compiled HLO's, no more bits per element than fmt; its result:
     bitwise the NumPy reference run with the plan's format at each step."""

@@ -20,6 +20,7 @@ def tiny():
     return sweep.sweep(**TINY, progress=False)
 
 
+@pytest.mark.slow
 def test_points_cover_the_grid_and_say_what_they_are(tiny):
     pts = tiny["points"]
     # ring and two_shot x two formats x none, + adaptive for int8 on both: 6 per p and data set

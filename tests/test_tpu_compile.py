@@ -384,6 +384,7 @@ def test_byte_ratio_table_reads_the_report():
     assert any(ln.split()[:3] == ["v5e:2x4", "psum", "1.00x"] for ln in lines)
 
 
+@pytest.mark.slow
 def test_naive_yardsticks_count_their_bytes_and_decode():
     """`tpu_bytes.naive_programs`, on CPU: each yardstick's fewest bytes are its input's and
     outputs' logical bytes, and it is a quantizer: the bf16 scale it writes times its codes is

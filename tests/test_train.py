@@ -14,6 +14,7 @@ from equarx_ref.runs import train as tr
 SMALL = tr.TrainConfig(steps=20, seeds=2, batch=64, eval_every=10)
 
 
+@pytest.mark.slow
 def test_small_run_pairs_seeds_and_counts_the_bytes_sent():
     r = tr.train(["int4 ring", "bf16 ring"], config=SMALL, devices=DEVICES)
     rows = r["variants"]
@@ -34,6 +35,7 @@ def test_small_run_pairs_seeds_and_counts_the_bytes_sent():
                       rtol=1e-2)
 
 
+@pytest.mark.slow
 def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
     g = np.random.default_rng(0).standard_normal((8, 4096))
     rows = hopstats.hop_table(g, eq.Format.int4())
@@ -44,6 +46,7 @@ def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
     assert all(0.08 < x["uniform_flushed"] < 0.16 for x in rows), rows
 
 
+@pytest.mark.slow
 def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path, capsys):
     """`equarx-ref train` prints the table and writes the report; the two stored results (the
     run and the hop table, package data) hold every variant, its bytes equal to the HLO's."""
@@ -65,6 +68,7 @@ def test_train_command_writes_its_run_and_the_stored_runs_are_complete(tmp_path,
     assert data.command("train").startswith("equarx-ref train")
 
 
+@pytest.mark.slow
 def test_hop_steps_are_those_of_the_run(tmp_path, capsys):
     """#wrong, --hops: with --steps 25 the table said "at": [0, 100, 300] and held step 0 only.
     The steps are those within the run and its last; a step beyond it is refused up front."""

@@ -147,6 +147,7 @@ def _matrix(cells) -> None:
 
 
 @pytest.mark.parametrize("fmt_name", FORMATS)
+@pytest.mark.slow
 def test_wrong_count_is_zero_f32(fmt_name):
     """Every algorithm x p x length in f32; lengths rotate over the cells, all of them seen."""
     block = eq.parse_format(fmt_name).block_size if fmt_name != "bf16" else 32
@@ -162,6 +163,7 @@ def test_wrong_count_is_zero_f32(fmt_name):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt_name", FORMATS)
+@pytest.mark.slow
 def test_wrong_count_is_zero_16_bit_inputs(fmt_name, dtype):
     block = eq.parse_format(fmt_name).block_size if fmt_name != "bf16" else 32
     _matrix([(fmt_name, algorithm, 5, block + 1, dtype) for algorithm in ALGORITHMS])
