@@ -541,6 +541,7 @@ def test_every_argument_has_a_class():
 
 
 @pytest.mark.parametrize("fn", list(CALLS))
+@pytest.mark.slow
 def test_the_good_call_works(fn):
     """The baseline each bad value is swapped into is itself accepted."""
     call, _, good = CALLS[fn]

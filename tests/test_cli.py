@@ -146,6 +146,7 @@ def test_bench_times_the_mosaic_codec_where_asked():
             measure("v5e:2x4", mib=1 / 4, paths=("gpu",))
 
 
+@pytest.mark.slow
 def test_bench_times_the_gpu_codec_where_asked():
     """On a GPU `bench` times the GPU codec's kernels beside the XLA path; asked for them
     here, it interprets them (wiring, not a timing): rows labelled "gpu" with the XLA path's
@@ -181,6 +182,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_cli_runs_from_a_source_tree_without_package_metadata():
     """From a checkout on PYTHONPATH (nothing installed) the CLI must run: the version comes
     from pyproject.toml, and no command needs the installed metadata."""

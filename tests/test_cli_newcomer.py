@@ -31,6 +31,7 @@ from equarx_ref.runs import check as check_run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_demo_rows_the_size_gate_sent_unquantized_say_so(tmp_path, capsys):
     """p = 3, 100 values (the issue's `demo --devices 3 --size 100`): a quantized message is
     whole rows of `Format.row` values, so the ring's 3 chunks of 34 values each pad to a row;
@@ -80,6 +81,7 @@ def test_demo_rows_the_size_gate_sent_unquantized_say_so(tmp_path, capsys):
     assert "size gate (min_bytes=None) sent these rows unquantized" in printed
 
 
+@pytest.mark.slow
 def test_simulated_devices_are_bounded_and_refused_at_once():
     with pytest.raises(ValueError, match=r"at most MAX_SIMULATED_DEVICES = 256 simulated CPU "
                                          r"devices, got 9999"):

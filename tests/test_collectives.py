@@ -84,6 +84,7 @@ REFERENCE_CASES = [
 @pytest.mark.parametrize("algorithm,shape,fmt,dtype,x_shape", REFERENCE_CASES,
                          ids=[f"{a}-{'x'.join(map(str, s))}-{eq.format_label(f)}-"
                               f"{jnp.dtype(d).name}" for a, s, f, d, _ in REFERENCE_CASES])
+@pytest.mark.slow
 def test_bitwise_equal_to_the_numpy_reference(algorithm, shape, fmt, dtype, x_shape):
     """The documented semantics, step by step in NumPy with the reference quantizer: every
     hop's quantization, f32 accumulation and rank-order sums, padding and the final cast."""
@@ -458,6 +459,7 @@ def _gated_run(x, monkeypatch, device_kind, **kw):
 
 
 @pytest.mark.parametrize("n,quantized", [(640, True), (256, False), (4, False)])
+@pytest.mark.slow
 def test_default_size_gate_reads_the_message_never_the_chip(monkeypatch, n, quantized):
     """min_bytes=None: quantize only when that sends fewer bytes, whatever the platform. The
     issue's case: an int8 ring of 640 bf16 values per device on 8 devices sends 1904 bytes
@@ -552,6 +554,7 @@ def _cost_module():
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "mxfp8"])
+@pytest.mark.slow
 def test_the_essays_ring_is_all_reduce_bitwise(name):
     """The dozen lines of ring that open collectives.py's essay run, and give bitwise what
     `all_reduce(..., algorithm="ring")` gives: the essay cannot drift from the code."""

@@ -340,6 +340,7 @@ def test_model_command_json(tmp_path, capsys):
     assert "modelled" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_size_gate_at_the_edge():
     """min_bytes: a message of exactly min_bytes is quantized, one byte more of gate is not;
     the bytes in the compiled program follow, and so does wire_bytes."""

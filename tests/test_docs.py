@@ -360,6 +360,7 @@ def test_results_schedule_tables_agree_with_the_json():
         assert found[0][-1] == f"{r['speedup_over_psum']['cycles']:.2f}x", found[0]
 
 
+@pytest.mark.slow
 def test_readme_use_snippet_prints_what_its_comments_say():
     code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8")
                      .split("## Use", 1)[1], re.S).group(1)
@@ -448,6 +449,7 @@ def _not_blank(png: Path) -> None:
     assert max(ImageStat.Stat(img).stddev) > 20, f"{png}: no contrast, blank page?"
 
 
+@pytest.mark.slow
 def test_home_page_renders_with_its_figure(server, tmp_path, capsys):
     dom, shot = _browse(server, tmp_path, "home", 1800, capsys)
     assert "equarx-ref" in dom and 'class="md-content"' in dom
@@ -668,6 +670,7 @@ def test_every_path_the_pages_cite_exists():
     assert not missing, "cited paths that do not exist:\n  " + "\n  ".join(missing)
 
 
+@pytest.mark.slow
 def test_formulas_are_typeset_by_the_vendored_katex(server, tmp_path, capsys):
     dom, shot = _browse(server + "concepts/", tmp_path, "concepts", 2400, capsys)
     marked = dom.count('class="arithmatex"')

@@ -26,6 +26,7 @@ EMPTY = [(0,), (3, 0), (0, 5)]
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("shape", EMPTY, ids=str)
+@pytest.mark.slow
 def test_quantize_of_an_empty_array_is_empty_and_round_trips(name, shape):
     fmt = eq.Format.parse(name)
     for dtype in (jnp.float32, jnp.bfloat16):

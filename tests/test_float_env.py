@@ -60,6 +60,7 @@ def _inexact_reciprocal(monkeypatch):
     monkeypatch.setattr(quantize_module, "reciprocal", inexact)
 
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow
 def test_a_reciprocal_off_by_two_ulps_changes_no_bit(name, monkeypatch):
     _inexact_reciprocal(monkeypatch)
     import test_reference
@@ -163,6 +164,7 @@ def _numpy_eval(jaxpr, consts, args):
 
 @pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3", "fp4_e2m1", "mxfp8", "mxint8",
                                   "int8/f32", "int4/b8/f32", "fp8_e5m2/f32", "int7/b8"])
+@pytest.mark.slow
 def test_a_backend_that_keeps_subnormals_gives_the_spec_bits(name):
     """`quantize_blocks` (round to nearest) as a GPU computes it, subnormal operands kept: its
     jaxpr in NumPy, on every data class (the tiny blocks hold subnormal inputs above half a grid

@@ -295,6 +295,7 @@ def test_figures():
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.slow
 def test_quantized_all_reduce_in_the_model(small, algorithm):
     params, tokens, logits = small
     ar = eq.AllReduce(fmt=eq.Format.int8(), algorithm=algorithm)
@@ -307,6 +308,7 @@ def test_quantized_all_reduce_in_the_model(small, algorithm):
     np.testing.assert_allclose(same, logits, atol=1e-4)   # fmt=None on f32: exact schedule
 
 
+@pytest.mark.slow
 def test_equal_all_reduce_compiles_once(small):
     import functools
 
@@ -392,6 +394,7 @@ def test_quality_report_records_its_precision(small):
         evaluate(params, SMALL, tokens[0, :8], mesh_of(2), progress=False, precision="fp8")
 
 
+@pytest.mark.slow
 def test_psum_label_names_the_mesh_devices_not_the_default_backend(small, monkeypatch):
     # On a one-GPU machine the default backend is "gpu" while the mesh is CPU devices, whose
     # psum sums bf16 in f32: the row must say so.

@@ -131,6 +131,7 @@ def test_cli_tp_the_model_cannot_split(capsys):
     assert e.value.code == 2 and "4 query heads do not split over 3 devices" in err, err
 
 
+@pytest.mark.slow
 def test_plot_report(report):
     import matplotlib
     matplotlib.use("Agg")

@@ -92,6 +92,7 @@ def _message(payload, scales):
 
 
 @pytest.mark.parametrize("name", gpu.FORMATS)
+@pytest.mark.slow
 def test_gpu_codec_gives_the_spec_message(name):
     """encode, decode and a hop of every data class, a message of rows each (several
     messages to a grid step): the spec's payload, scales and values, to the bit."""

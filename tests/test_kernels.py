@@ -69,6 +69,7 @@ def _xla_hop(message, local, fmt):
 
 
 @pytest.mark.parametrize("fmt", HOP_FORMATS, ids=str)
+@pytest.mark.slow
 def test_mosaic_hop_is_bitwise_the_xla_hop(fmt):
     """`codec.hop` (interpret mode): 16 rows of 128 values over six decades, a zero row, a NaN
     block in the message and an Inf in the bf16 local values: the XLA hop's message bitwise,
@@ -249,6 +250,7 @@ def test_pallas_ring_is_bitwise_xla(p, algorithm, fmt, n, k, dtype):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "bidir_ring"])
+@pytest.mark.slow
 def test_broken_kernel_is_caught_by_the_race_detector(algorithm):
     """A receiver that reads its slot before waiting for the message races on every message,
     whatever the threads' timing: no semaphore orders the DMA's write before that read, in the
@@ -431,6 +433,7 @@ def test_single_chip_tpu_runs_the_ring_in_interpret_mode(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["int8", "mxfp4"])
+@pytest.mark.slow
 def test_mosaic_codec_reads_rows_where_they_lie(name):
     """`first_row` (traced, one compile for every value): encode and hop read their rows out
     of a larger array, from row i a (`(i, a)`) or i a + o (`(i, a, o)`); `order`: decode reads

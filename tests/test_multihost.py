@@ -20,6 +20,7 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need 
 FLAG = "--xla_force_host_platform_device_count"
 
 
+@pytest.mark.slow
 def test_two_hosts_on_loopback_are_bitwise_one_process(monkeypatch):
     # the flag setup_devices' message recommends, in the launcher's environment: the workers
     # must not inherit it (each host is one device)

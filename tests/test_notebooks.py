@@ -51,6 +51,7 @@ IDS = [p.name for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=IDS)
+@pytest.mark.slow
 def test_notebook_opening_and_cleanliness(nb):
     """Badge + Colab-only install from pyproject's URL; executed; nbstripout-clean; summary,
     exercises and checked cells with stored outputs."""

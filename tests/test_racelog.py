@@ -7,6 +7,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -53,6 +54,7 @@ def test_every_channel_is_captured_and_kept_off_the_screen(capsys):
     assert not any(f is not None for f in logging.getLogger().filters)  # nothing left behind
 
 
+@pytest.mark.slow
 def test_the_broken_ring_reports_its_two_accesses():
     """The sabotaged ring (no capacity wait): each report names a write and a read of the same
     VMEM receive slot, with the lines of ring.py they come from. On jax 0.12 a run can, rarely,

@@ -334,6 +334,7 @@ def stochastic_errors(name, kinds=(*REGULAR, "non-finite")):
 
 
 @pytest.mark.parametrize("name", SR_FORMATS)
+@pytest.mark.slow
 def test_stochastic_rounding_bitwise_against_the_spec(name):
     """Up from the grid value below exactly when |x| - lo s >= (1 - u)(hi - lo) s: the same
     codes as the spec for the same uniforms, ties and near-ties included."""

@@ -56,6 +56,7 @@ def gaussian(p, n, seed=0):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.slow
 def test_stochastic_rounding_is_unbiased(algorithm):
     """Over K keys the mean error of every element is ~0: sum_i z_i^2 / n ~ 1 for the per-element
     z = mean / SE (a chi-square over n, here n = 1024 elements). Rounding to nearest, the same
@@ -199,6 +200,7 @@ def test_rotated_all_reduce_is_the_reference_on_rotated_data(algorithm, fmt, p):
             f"{np.argwhere(diff)[0]}: {got[diff][:3]} vs {want[diff][:3]}"
 
 
+@pytest.mark.slow
 def test_rotation_flattens_outliers_and_keeps_the_bytes():
     from equarx_ref.runs.sweep import make_data
 
@@ -246,6 +248,7 @@ def test_adaptive_bits_bytes_and_reference(algorithm, p, fmt, num_chunks):
         assert np.array_equal(got, want), f"device {d}: {int((got != want).sum())} differ"
 
 
+@pytest.mark.slow
 def test_adaptive_bits_beat_the_uniform_ring_as_modelled():
     """p = 8, Gaussian, int8 budget (8.5 bits): measured error within 6% of the plan's model,
     and below the uniform ring's by the modelled factor (about 0.81)."""
