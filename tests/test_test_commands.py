@@ -19,7 +19,7 @@ RUN = (ROOT / "tests" / "run.sh").read_text()
 
 def _minutes(text: str, command: str) -> int:
     """The minutes `text` gives for `command`, in "COMMAND ... about N min" within a line or two."""
-    m = re.search(re.escape(command) + r"[^\n]*(?:\n[^\n]*){0,2}?about (\d+) min", text)
+    m = re.search(re.escape(command) + r"[^\n]*?(?:\n[^\n]*?){0,2}?about (\d+) min", text)
     assert m, f"no 'about N min' after {command!r}"
     return int(m.group(1))
 
