@@ -477,10 +477,7 @@ TODAY = {  # topology: {format: ratios in the order of TODAY_COLUMNS}
 }
 TODAY_COLUMNS = ("encode", "decode", "hop", "ring", "bidir_ring", "two_shot")
 #: `all_reduce(impl="mosaic")` (path "pallas": the kernels' declared bytes plus the XLA ops
-#: around them) is held to the 3x target itself. Its history over psum, (ring, bidir_ring,
-#: two_shot) at 1/4 MiB, libtpu 0.0.42.1, the same on v5e and v6e: int8 (6.79, 9.50, 13.66) at
-#: first; (3.80, 4.53, 2.66) once the kernels read values as rows of 128 and two-shot's reduce
-#: became one kernel; (2.79, 2.97, 2.66) once they read their chunk of the input in place.
+#: around them) is held to the 3x target itself.
 
 
 @needs_libtpu
