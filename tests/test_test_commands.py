@@ -29,7 +29,7 @@ def test_the_quick_start_gives_each_test_command_its_minutes():
                       README, re.S)
     assert block and block.group(1).strip() == "bash tests/run.sh", "the CI command changed"
     fast, full = _minutes(README, "bash tests/run.sh --fast"), _minutes(README, "as CI runs it")
-    assert 0 < fast <= 5 and fast < full <= 35, (fast, full)
+    assert 0 < fast <= 5 and fast < full <= 90, (fast, full)  # 90: CI's hard limit
     assert "FASTMIN" not in README + CONTRIBUTING and "FULLMIN" not in README + CONTRIBUTING
     # contributing.md gives the same commands and the same minutes
     assert _minutes(CONTRIBUTING, "bash tests/run.sh --fast") == fast
