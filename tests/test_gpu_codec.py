@@ -255,13 +255,17 @@ def test_gpu_codec_refuses_bad_messages_in_one_line():
 
 
 def _h100(monkeypatch):
-    """Lowering for a GPU without one: newer jax asks which GPU (jax 0.10 assumes one)."""
-    try:
-        from jax._src.pallas.triton import gpu_info
-    except ImportError:
-        return
-    monkeypatch.setattr(gpu_info, "get_gpu_info",
-                        lambda *a, **k: type("Info", (), {"compute_capability": 90})())
+    """Lowering for a GPU without one: newer jax asks which GPU (jax 0.10 assumes one); where
+    it asks moved from Pallas' Triton backend (jax 0.11) to jax._src.gpu_info (jax 0.12)."""
+    import importlib
+
+    for where in ("jax._src.pallas.triton.gpu_info", "jax._src.gpu_info"):
+        try:
+            gpu_info = importlib.import_module(where)
+        except ImportError:
+            continue
+        monkeypatch.setattr(gpu_info, "get_gpu_info",
+                            lambda *a, **k: type("Info", (), {"compute_capability": 90})())
 
 
 @pytest.mark.parametrize("name", ("int8", "mxfp8", "int8/f32", "int4", "mxfp4", "int4/b16"))
