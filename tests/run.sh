@@ -70,7 +70,7 @@ table() {
 }
 skip() { echo "skipped: $1" > "$EQUARX_TIER_NOTE"; echo "tests/run.sh: SKIPPED: $1"; }
 ran_in() { echo "$1" > "$EQUARX_TIER_NOTE"; echo "tests/run.sh: $1"; }
-trap 'table; rm -rf "$notes"' EXIT
+trap 'table; rm -rf "$notes"; [ -z "${prepare_pid:-}" ] || kill "$prepare_pid" 2>/dev/null' EXIT
 
 # ---- setup -----------------------------------------------------------------------------------
 chromium() {  # the docs' browser check renders pages in Debian's chromium: install it as root
@@ -112,17 +112,75 @@ setup() { chromium; rm -f .venv/.equarx-dev-installed; main_env; }
 run_tier setup setup
 [ "$status" = 0 ] || exit "$status"  # nothing else can run without the main environment
 
-find_py312() {  # the Colab tier's and the newest jax's Python
-  local c
-  for c in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
-           /usr/bin/python3.12 /usr/local/bin/python3.12; do
-    if "$c" -c 'import sys, venv; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      echo "$c"; return 0
-    fi
-  done
-  return 1
-}
+. tests/python312.sh  # find_py312, install_py312
 py312=$(find_py312 || true)
+
+# ---- the ends of the supported jax range ---------------------------------------------------
+# What can change from one jax to the next, and so runs at both ends (not slow; the main suite
+# runs everything once, on its own jax):
+JAX_EDGE=(
+  tests/test_jax_private.py     # the private jax names the package reads
+  tests/test_autodiff.py        # custom_vjp, linear_transpose, jvp/vjp tracers, vmap, pmap
+  tests/test_collectives.py     # shard_map, ppermute, all_gather(to="invarying"), check_vma
+  tests/test_device_agnostic.py # meshes from setup_devices, never the default backend
+  tests/test_gemma.py           # jax.make_mesh's axis types, sharding in types, the TP forward
+  tests/test_kernels.py         # Pallas TPU interpret mode and its race detector
+  tests/test_mosaic.py          # the Mosaic codec inside the collectives, interpret mode
+  tests/test_racelog.py         # how the race detector reports (printed, or logged)
+  tests/test_gpu_codec.py       # Pallas to Triton's IR (jax's private lowering rules)
+  tests/test_float_env.py       # jaxprs evaluated primitive by primitive
+  tests/test_reference.py       # bitwise the spec, on this jaxlib's XLA:CPU, eager and jit
+  tests/test_conformance.py     # every codec bitwise the spec
+  tests/test_remedies.py        # jax.random's bits behind stochastic rounding
+)
+spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')   # e.g. jax>=0.10.2,<0.13
+oldest=$(echo "$spec" | sed -n 's/^jax>=\([0-9.]*\).*/\1/p')
+
+jax_env() {  # jax_env NAME PYTHON JAX-REQUIREMENT: .cache/jax-NAME with ".[test]" and that jax
+  local env=".cache/jax-$1"
+  local stamp="$3 $("$2" --version 2>&1) $(sha256sum pyproject.toml | cut -c1-16) run $EQUARX_RUN_ID"
+  [ -f "$env/.built" ] && [ "$(cat "$env/.built")" = "$stamp" ] && return 0  # prepared
+  "$2" -m venv --clear "$env" && "$env/bin/python" -m pip install -q --upgrade pip &&
+    "$env/bin/python" -m pip install -q -e ".[test]" "$3" && echo "$stamp" > "$env/.built"
+}
+
+jax_end() {  # jax_end NAME PYTHON JAX-REQUIREMENT: 0 passed, 1 failed, 2 not built (under CI)
+  local env=".cache/jax-$1"
+  [ -n "$oldest" ] || { echo "tests/run.sh: no 'jax>=X' lower bound in pyproject.toml" >&2; return 2; }
+  echo "tests/run.sh: the jax-edge tests with $3 on $("$2" --version 2>&1) in $env"
+  if ! jax_env "$@"; then
+    echo "tests/run.sh: could not build the $1-jax environment ($3)" >&2
+    [ "${CI:-}" = true ] && return 2
+    skip "could not build the environment ($3)"; return 0
+  fi
+  "$env/bin/python" -c 'import jax; print("tests/run.sh: jax", jax.__version__)' || return 2
+  "$env/bin/python" -m pytest -q -o addopts="-ra --strict-markers" -n 2 -p no:cacheprovider \
+    -m "not slow" "${JAX_EDGE[@]}"
+}
+
+# ---- the later tiers' environments, built while the main tier runs (pip mostly waits on the
+# network); each tier takes its environment as built when this run built it (EQUARX_RUN_ID),
+# and builds it itself otherwise. What the builds printed is shown before the tpu tier.
+export EQUARX_RUN_ID="$$-$(date +%s)"
+main_jax=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
+prepare() {
+  bash tests/tpu_compile.sh --prepare .venv/bin/python
+  [ "$main_jax" = "$oldest" ] || jax_env oldest python3 "jax==$oldest"
+  bash tests/colab.sh --prepare  # under CI=true it installs a Python 3.12 if there is none
+  local py
+  py=$(find_py312) && jax_env newest "$py" "$spec"
+}
+prepare_log=$(mktemp)
+EQUARX_TIER_NOTE=/dev/null prepare > "$prepare_log" 2>&1 &
+prepare_pid=$!
+prepared() {  # wait for the builds; say what they printed, once
+  [ -n "$prepare_pid" ] || return 0
+  wait "$prepare_pid" || true
+  prepare_pid=
+  echo "tests/run.sh: the environments built beside the main tier:"
+  sed 's/^/  /' "$prepare_log"
+  rm -f "$prepare_log"
+}
 
 # ---- main: everything, once ------------------------------------------------------------------
 # The notebooks run under nbval once: in the Colab tier, the way learners run them (it installs
@@ -157,50 +215,14 @@ run_tier wheel wheel
 
 # ---- tpu: libtpu's compilers for v5e:2x4 and v6e:2x4 (its own environment, jax[tpu] pinned to
 # the jax under test; must build under CI=true) -----------------------------------------------
+prepared
 run_tier tpu bash tests/tpu_compile.sh .venv/bin/python
-
-# ---- the ends of the supported jax range ---------------------------------------------------
-# What can change from one jax to the next, and so runs at both ends (not slow; the main suite
-# runs everything once, on its own jax):
-JAX_EDGE=(
-  tests/test_jax_private.py     # the private jax names the package reads
-  tests/test_autodiff.py        # custom_vjp, linear_transpose, jvp/vjp tracers, vmap, pmap
-  tests/test_collectives.py     # shard_map, ppermute, all_gather(to="invarying"), check_vma
-  tests/test_device_agnostic.py # meshes from setup_devices, never the default backend
-  tests/test_gemma.py           # jax.make_mesh's axis types, sharding in types, the TP forward
-  tests/test_kernels.py         # Pallas TPU interpret mode and its race detector
-  tests/test_mosaic.py          # the Mosaic codec inside the collectives, interpret mode
-  tests/test_racelog.py         # how the race detector reports (printed, or logged)
-  tests/test_gpu_codec.py       # Pallas to Triton's IR (jax's private lowering rules)
-  tests/test_float_env.py       # jaxprs evaluated primitive by primitive
-  tests/test_reference.py       # bitwise the spec, on this jaxlib's XLA:CPU, eager and jit
-  tests/test_conformance.py     # every codec bitwise the spec
-  tests/test_remedies.py        # jax.random's bits behind stochastic rounding
-)
-spec=$(grep -o '"jax>=[^"]*"' pyproject.toml | tr -d '"')   # e.g. jax>=0.10.2,<0.13
-oldest=$(echo "$spec" | sed -n 's/^jax>=\([0-9.]*\).*/\1/p')
-
-jax_end() {  # jax_end NAME PYTHON JAX-REQUIREMENT: 0 passed, 1 failed, 2 not built (under CI)
-  local env=".cache/jax-$1"
-  [ -n "$oldest" ] || { echo "tests/run.sh: no 'jax>=X' lower bound in pyproject.toml" >&2; return 2; }
-  echo "tests/run.sh: the jax-edge tests with $3 on $("$2" --version 2>&1) in $env"
-  if ! { "$2" -m venv --clear "$env" && "$env/bin/python" -m pip install -q --upgrade pip &&
-         "$env/bin/python" -m pip install -q -e ".[test]" "$3"; }; then
-    echo "tests/run.sh: could not build the $1-jax environment ($3)" >&2
-    [ "${CI:-}" = true ] && return 2
-    skip "could not build the environment ($3)"; return 0
-  fi
-  "$env/bin/python" -c 'import jax; print("tests/run.sh: jax", jax.__version__)' || return 2
-  "$env/bin/python" -m pytest -q -o addopts="-ra --strict-markers" -n 2 -p no:cacheprovider \
-    -m "not slow" "${JAX_EDGE[@]}"
-}
 
 # ---- colab: every notebook from the wheel alone (tests/colab.sh; under CI=true it installs a
 # Python 3.12 if there is none, and fails if it cannot; the newest-jax tier then uses it) ------
 colab_wheel=$(ls .cache/dist/equarx_ref-*.whl 2>/dev/null | head -1)
 run_tier colab env ${colab_wheel:+EQUARX_COLAB_WHEEL="$colab_wheel"} bash tests/colab.sh
 
-main_jax=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
 if [ "$main_jax" = "$oldest" ]; then
   run_tier "oldest jax" ran_in "in main (jax $oldest is the main environment's)"
 else

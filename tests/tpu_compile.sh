@@ -20,25 +20,37 @@
 # libtpu takes a lock file for one process at a time; ALLOW_MULTIPLE_LIBTPU_LOAD=1 lifts it
 # (nothing here opens a chip), so the tests run on 2 pytest workers.
 # Under CI=true the environment must build. Where the time goes (jax 0.10.2, libtpu 0.0.42.1):
-# the matrix 216 compiles, the tests about 150 more, three quarters of them in
-# test_codec_bytes_accessed_held_to_today (64 programs per chip at 1/4 MiB).
+# the matrix (186 programs), then the tests' own compiles, half of them in
+# test_codec_bytes_accessed_held_to_today (64 programs at 1/4 MiB, on v5e).
 # Usage: bash tests/tpu_compile.sh [PYTHON]   (default: .venv/bin/python, the jax under test)
+#        bash tests/tpu_compile.sh --prepare [PYTHON]   build the environment only (tests/run.sh
+#        does, while the main tier runs; EQUARX_RUN_ID names the run whose environment a later
+#        call may take as it is)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=false
+if [ "${1:-}" = --prepare ]; then prepare=true; shift; fi
 python=${1:-.venv/bin/python}
 start=$SECONDS
 jaxv=$("$python" -c 'import jax; print(jax.__version__)')
 env=.cache/tpu-env
+stamp="jax[tpu]==$jaxv $(sha256sum pyproject.toml | cut -c1-16) run ${EQUARX_RUN_ID:-$$}"
+build() {
+  [ -f "$env/.built" ] && [ "$(cat "$env/.built")" = "$stamp" ] && return 0  # this run's
+  "$python" -m venv --clear "$env" && "$env/bin/python" -m pip install -q --upgrade pip &&
+    "$env/bin/python" -m pip install -q -e ".[test]" "jax[tpu]==$jaxv" &&
+    echo "$stamp" > "$env/.built"
+}
 echo "tests/tpu_compile.sh: jax[tpu]==$jaxv into $env"
-if ! { "$python" -m venv --clear "$env" && "$env/bin/python" -m pip install -q --upgrade pip &&
-       "$env/bin/python" -m pip install -q -e ".[test]" "jax[tpu]==$jaxv"; }; then
+if ! build; then
   echo "tests/tpu_compile.sh: could not build the TPU compile environment (jax[tpu]==$jaxv)" >&2
   [ "${CI:-}" = true ] && exit 2
   echo "skipped: could not build the environment (jax[tpu]==$jaxv)" > "${EQUARX_TIER_NOTE:-/dev/null}"
   echo "tests/tpu_compile.sh: SKIPPED the TPU compile tier (not under CI=true)"
   exit 0
 fi
-echo "tests/tpu_compile.sh: environment built in $((SECONDS - start)) s"
+echo "tests/tpu_compile.sh: environment ready in $((SECONDS - start)) s"
+$prepare && exit 0
 export TPU_SKIP_MDS_QUERY=1 TPU_WORKER_ID=0 TPU_WORKER_HOSTNAMES=localhost JAX_PLATFORMS=cpu
 export TPU_ACCELERATOR_TYPE=v5litepod-8 ALLOW_MULTIPLE_LIBTPU_LOAD=1
 status=0
