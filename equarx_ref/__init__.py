@@ -3,16 +3,17 @@
 The library you read in an afternoon is the core, flat files at the top of the package (the
 contributing page counts their lines): `formats.py` (what one number costs on the wire),
 `elements.py` (element codes and their packing), `scales.py` (one scale per block, exactly),
-`quantize.py` (block-wise quantization), `wire.py` (the bytes a collective sends: their layout
-and the codec), `program.py` (a schedule as data, and the one walk over it), `schedule.py` (who
-sends which chunk to whom: the algorithms and their rules), `execute.py` (a schedule run as
-shard_map collectives), `collectives.py` (`all_reduce` and `AllReduce`), `rules.py` (their
-argument rules) and `devices.py` (real or simulated devices, meshes). Everything else sits in a
-folder named for its purpose: `spec/`, `models/`, `remedies/`, `kernels/`, `outliers/`,
-`gemma/`, `runs/`, `viz/`, `multihost/`, `cli/`; imports go one way, the spec under the core
-under the rest (docs/contributing.md). What the core needs from a folder above it (a size gate,
-a hop plan, a rotation, a kernel codec) it looks up by name (`extensions.py`); `_PROVIDERS`
-here says where each lives.
+`rounding.py` (values onto the element grid, exactly), `quantize.py` (block-wise quantization),
+`wire.py` (the bytes a collective sends: their layout and the codec), `program.py` (a schedule
+as data, and the one walk over it), `schedule.py` (who sends which chunk to whom: the
+algorithms and their rules), `execute.py` (a schedule run as shard_map collectives),
+`collectives.py` (`all_reduce` and `AllReduce`), `rules.py` (their argument rules) and
+`devices.py` (real or simulated devices, meshes). Everything else sits in a folder named for
+its purpose: `spec/`, `models/`, `remedies/`, `kernels/`, `outliers/`, `gemma/`, `runs/`,
+`viz/`, `multihost/`, `cli/`; imports go one way, the spec under the core under the rest
+(docs/contributing.md). What the core needs from a folder above it (a size gate, a hop plan, a
+rotation, a kernel codec) it looks up by name (`extensions.py`); `_PROVIDERS` here says where
+each lives.
 
 The public API is re-exported here; none of it is defined in this file, only how it loads: on
 first use (PEP 562's module `__getattr__`), so `import equarx_ref` loads nothing else, not even

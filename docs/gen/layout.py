@@ -16,8 +16,8 @@ from .common import ROOT, Section
 PKG = ROOT / "equarx_ref"
 
 #: The library read in an afternoon: flat at the top of the package, in reading order.
-CORE = ("formats", "elements", "scales", "quantize", "wire", "program", "schedule", "execute",
-        "collectives", "rules", "devices")
+CORE = ("formats", "elements", "scales", "rounding", "quantize", "wire", "program", "schedule",
+        "execute", "collectives", "rules", "devices")
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above:
 #: the spec, then the core, then what extends it. What the core needs from above (a size gate,
@@ -28,7 +28,8 @@ LAYERS = (
      "imports anything of the package"),
     (("extensions", "formats", "devices", "_checks", "_jax_private"),
      "the core's extension points; the element grids and formats; the mesh"),
-    (("elements", "scales"), "element codes and their packing; block scales, exactly"),
+    (("elements", "scales", "rounding"),
+     "element codes and their packing; block scales, exactly; rounding onto the grid, exactly"),
     (("quantize", "wire", "program", "schedule", "autodiff"),
      "the quantizer; its wire codec; a schedule as data and its walk; who sends what, when; "
      "the derivative of a collective"),
