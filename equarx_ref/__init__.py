@@ -3,9 +3,10 @@
 The library you read in an afternoon is the core, flat files at the top of the package (the
 contributing page counts their lines): `formats.py` (what one number costs on the wire),
 `elements.py` (element codes and their packing), `scales.py` (one scale per block, exactly),
-`quantize.py` (block-wise quantization), `wire.py` (the bytes a collective sends: their layout
-and the codec), `schedule.py` (who sends which chunk to whom, the algorithms and their rules,
-the one walk over a schedule), `execute.py` (a schedule run as shard_map collectives),
+`rounding.py` (values onto the element grid, exactly), `quantize.py` (block-wise quantization),
+`wire.py` (the bytes a collective sends: their layout and the codec), `program.py` (a schedule
+as data, and the one walk over it), `schedule.py` (who sends which chunk to whom: the
+algorithms and their rules), `execute.py` (a schedule run as shard_map collectives),
 `collectives.py` (`all_reduce` and `AllReduce`), `rules.py` (their argument rules) and
 `devices.py` (real or simulated devices, meshes). Everything else sits in a folder named for
 its purpose: `spec/`, `models/`, `remedies/`, `kernels/`, `outliers/`, `gemma/`, `runs/`,

@@ -2,7 +2,8 @@
 
 An AllReduce over p devices cuts each device's vector into chunks and moves them in steps. The
 schedules here are the programs that `collectives.all_reduce` executes; they are data (tuples of
-`Transfer`s grouped into `Step`s), so tests can prove their properties and figures can draw them.
+`Transfer`s grouped into `Step`s: program.py), so tests can prove their properties and figures
+can draw them.
 
 Ring (reduce-scatter, then all-gather). Chunks 0..p-1. At step s = 0..p-2 device d sends its
 partial sum of chunk (d - s - 1) mod p to device d + 1, which adds its own copy of that chunk.
@@ -42,12 +43,10 @@ receives the others' (on a ring network this is p - 1 forwarding hops of the sam
 `all_gather` also makes the result provably identical on every device, which `shard_map`'s
 `check_vma` needs).
 
-The one walk. `walk(schedule, start, send, add)` moves symbolic values exactly as the executor
-moves arrays: a reduce hop delivers `send(value)` and the receiver adds its own copy; an
-all-to-all or a reduce-phase all-gather sends every contribution (the receiver's own included:
-the executor encodes the whole buffer); the gather phase sends each owner's sum once and
-forwards it. `simulate` (which inputs each result sums), the error model's quantization
-histories and the hop plans' step weights are all this one walk with different values.
+The data a schedule is made of (`Transfer`, `Step`, `Schedule`, `HopPlan`) and the one walk
+that moves values through a schedule as the executor moves arrays (`walk`, `simulate`) are
+program.py's; they are imported here, so `schedule.Schedule` and `schedule.walk` read as
+before.
 
 The table. `SCHEDULES` has a row per algorithm (`Algorithm`): its builder and what the rest of
 the package reads of it (its lanes, whether it is of the ring family, closed forms of what it
@@ -62,14 +61,13 @@ models and the kernels refuse the same things with the same words.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
-from collections import Counter
 from collections.abc import Callable
 
 from ._checks import count, flag
 from .formats import Format
+from .program import HopPlan, Schedule, Step, Transfer, simulate, walk
 
 __all__ = [
     "ALGORITHMS",
@@ -95,92 +93,6 @@ __all__ = [
     "two_shot_schedule",
     "walk",
 ]
-
-@dataclasses.dataclass(frozen=True)
-class Transfer:
-    """`src` sends its current copy of `chunks` (consecutive chunk ids) to `dst`."""
-
-    src: int
-    dst: int
-    chunks: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One collective operation.
-
-    Attributes:
-        kind: "permute" (each device sends at most one transfer: one `ppermute`), "all_to_all"
-            or "all_gather".
-        phase: "reduce" (the receiver adds what it gets to its own copy) or "gather" (it stores).
-        axis: which mesh axis the step runs along (0, or 1 for the second axis of a torus).
-        time: steps with the same time are independent and may run at once (bidirectional ring).
-        transfers: everything sent in the step.
-    """
-
-    kind: str
-    phase: str
-    axis: int
-    time: int
-    transfers: tuple[Transfer, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """An AllReduce program over devices `0..p-1` (row-major over `shape`).
-
-    Attributes:
-        name: the algorithm.
-        shape: devices per mesh axis, `(p,)` or `(p1, p2)`.
-        chunk_count: chunks each device's vector is cut into (each may be cut again into
-            pipeline pieces: `layout`'s `num_chunks`).
-        steps: the collective operations, in order.
-        owners: for each chunk, the devices holding its full sum after the reduce phase.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    chunk_count: int
-    steps: tuple[Step, ...]
-    owners: tuple[tuple[int, ...], ...]
-
-    @property
-    def p(self) -> int:
-        out = 1
-        for s in self.shape:
-            out *= s
-        return out
-
-    def chunks_sent(self, device: int, phase: str | None = None) -> int:
-        """Chunk-sized messages `device` sends (the wire-byte count, in chunks)."""
-        return sum(len(t.chunks) for st in self.steps if phase in (None, st.phase)
-                   for t in st.transfers if t.src == device)
-
-
-@dataclasses.dataclass(frozen=True)
-class HopPlan:
-    """One wire format per reduce step (indexed by the schedule's step time) and one for the
-    gather phase: what the executor sends each step in (`all_reduce(..., hop_bits=)`; the error
-    model chooses one, `models/hops.py`). Hashable: it is a static argument of the compiled
-    collective."""
-
-    reduce: tuple[tuple[int, Format], ...]  # (step time, format), in time order
-    gather: Format | None
-
-    @property
-    def align(self) -> int:
-        """The chunk alignment every format of the plan needs: whole message rows of each
-        (`Format.row`; rows are 128 values, or powers-of-two multiples of one base block, so
-        the longest is a multiple of all)."""
-        return max(f.row for f in self.formats)
-
-    @property
-    def formats(self) -> list[Format]:
-        return [f for _, f in self.reduce] + ([self.gather] if self.gather else [])
-
-    def __str__(self) -> str:
-        steps = " ".join(str(f) for _, f in self.reduce)
-        return f"reduce [{steps}]" + (f", gather {self.gather}" if self.gather else "")
 
 
 def device_shape(p) -> tuple[int, ...]:
@@ -417,53 +329,6 @@ def chunks_sent(algorithm: str, shape: tuple[int, ...]) -> int:
     closed = SCHEDULES[algorithm].sent
     return closed(shape) if closed else make_schedule(algorithm, shape).chunks_sent(0)
 
-
-def walk(schedule: Schedule, start: Callable, send: Callable, add: Callable) -> list[list]:
-    """Move symbolic values through `schedule` as the executor moves arrays (module essay).
-
-    `start(device, chunk)` is a device's input value of a chunk; `send(value, time)` is what
-    arrives of a value sent at a reduce step's `time` (or by the gather phase: time None), which
-    is where a quantization happens; `add(a, b)` sums two values. Returns `held[device][chunk]`,
-    every device's final value of every chunk.
-    """
-    p, chunks = schedule.p, schedule.chunk_count
-    held = [[start(d, c) for c in range(chunks)] for d in range(p)]
-    for step in (s for s in schedule.steps if s.phase == "reduce"):
-        if step.kind == "permute":  # the receiver adds its own copy to what arrives
-            arriving = [(t.dst, c, send(held[t.src][c], step.time))
-                        for t in step.transfers for c in t.chunks]
-            for d, c, value in arriving:
-                held[d][c] = add(held[d][c], value)
-        else:  # all_to_all / all_gather: every contribution is sent, the receiver's own too
-            parts: dict[tuple[int, int], list] = {}
-            for t in step.transfers:
-                for c in t.chunks:
-                    parts.setdefault((t.dst, c), [held[t.dst][c]]).append(held[t.src][c])
-            for (d, c), values in parts.items():
-                held[d][c] = functools.reduce(add, [send(v, step.time) for v in values])
-    gathers = [s for s in schedule.steps if s.phase == "gather"]
-    if gathers:  # each owner sends its sum once; the gathers forward those same bytes
-        for c, owners in enumerate(schedule.owners):
-            for d in owners:
-                held[d][c] = send(held[d][c], None)
-        for step in gathers:
-            arriving = [(t.dst, c, held[t.src][c]) for t in step.transfers for c in t.chunks]
-            for d, c, value in arriving:
-                held[d][c] = value
-    return held
-
-
-def simulate(schedule: Schedule) -> list[list[Counter]]:
-    """Run a schedule on symbols: which inputs each device's copy of each chunk sums, at the end.
-
-    Returns `held[device][chunk]`, a Counter of input devices (a count of 2 would mean an input
-    was added twice). A correct AllReduce ends with every count exactly 1 on every device.
-    """
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a Schedule (make_schedule, ring_schedule, ...), "
-                        f"got {schedule!r}")
-    return walk(schedule, lambda d, c: Counter({d: 1}), lambda v, time: v.copy(),
-                lambda a, b: a + b)
 
 
 def layout(n: int, chunks: int, align: int, num_chunks: int = 1

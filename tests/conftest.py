@@ -8,7 +8,9 @@ machine look like that: the default backend answers with one device, the ninth C
 outside `DEVICES`, and the default device is that one (`test_device_agnostic.py` runs tests so).
 """
 
+import importlib.util
 import os
+from pathlib import Path
 
 import jax
 
@@ -56,3 +58,13 @@ def cli_error(err: str) -> str:
     assert not usage or (usage[0].startswith("usage: equarx-ref")
                          and all(line.startswith(" ") for line in usage[1:])), err
     return lines[0]
+
+
+def load_nbtool():
+    """notebooks/nbtool.py, the notebooks' tool, loaded as a module (it is a script, not part
+    of the package): the checks the notebook tests share with `nbtool check`."""
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "nbtool.py"
+    spec = importlib.util.spec_from_file_location("nbtool", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

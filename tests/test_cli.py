@@ -314,8 +314,8 @@ def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):
     value rounded down), the check fails and names that path."""
     from equarx_ref.runs import check
 
-    quantize_module = sys.modules["equarx_ref.quantize"]
-    monkeypatch.setattr(quantize_module, "_at_least", lambda r, m, S: jnp.zeros(r.shape, bool))
+    rounding_module = sys.modules["equarx_ref.rounding"]
+    monkeypatch.setattr(rounding_module, "_at_least", lambda r, m, S: jnp.zeros(r.shape, bool))
     monkeypatch.setattr(check, "_codec", functools.cache(check._codec.__wrapped__))
     assert cli.main(["check"]) == 1
     text = capsys.readouterr().out

@@ -15,25 +15,19 @@ repository that is not public, is followed by a line that says so.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from conftest import load_nbtool
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-def _nbtool():
-    spec = importlib.util.spec_from_file_location("nbtool", ROOT / "notebooks" / "nbtool.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-nbtool = _nbtool()
+nbtool = load_nbtool()
 
 
 def _src(cell) -> str:

@@ -27,10 +27,11 @@ from test_reference import _check, dataset
 
 import equarx_ref as eq
 from equarx_ref import spec
-from equarx_ref.quantize import _midpoint_bits
+from equarx_ref.rounding import _midpoint_bits
 from equarx_ref.scales import significant_bits
 
 quantize_module = sys.modules["equarx_ref.quantize"]  # (equarx_ref.quantize is the function)
+rounding_module = sys.modules["equarx_ref.rounding"]
 scales_module = sys.modules["equarx_ref.scales"]
 
 ALL = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "int8/f32",
@@ -239,7 +240,7 @@ def test_stochastic_decision_with_an_f32_scale_is_exact():
     r, m, S = _near_ties()
     S64 = S.astype(np.float64)
     want = r.astype(np.float64) >= m * 2.0**-23 * S64
-    got = np.asarray(jax.jit(quantize_module._at_least)(r, m, S))
+    got = np.asarray(jax.jit(rounding_module._at_least)(r, m, S))
     assert 0.2 < want.mean() < 0.8 and np.array_equal(got, want), np.flatnonzero(got != want)[:5]
 
     rng = np.random.default_rng(1)
@@ -248,7 +249,7 @@ def test_stochastic_decision_with_an_f32_scale_is_exact():
     floor = np.floor(a / S64)
     unfused = a - (floor * S64).astype(np.float32)  # a * b rounded, then - : a GPU's a - n S
     assert np.sum(unfused != a - floor * S64) > r.size // 4  # so the data needs the split
-    minus = jax.jit(quantize_module._minus)
+    minus = jax.jit(rounding_module._minus)
     assert np.array_equal(np.asarray(minus(a, floor.astype(np.float32), S)), a - floor * S64)
     for k in (np.maximum(floor - 1, 0), floor + 1):
         got = np.sign(np.asarray(minus(a, k.astype(np.float32), S)))

@@ -37,7 +37,7 @@ ALLOWED = {
     ("equarx_ref/models/error.py", "lands anywhere up to 2x above amax / qmax"),
     ("equarx_ref/models/error.py", "a power-of-two scale is up to 2x coarse"),
     # public figures with their source
-    ("equarx_ref/models/cost.py", "latency of about 1 us is the book's part 3"),
+    ("equarx_ref/models/chips.py", "latency of about 1 us is the book's part 3"),
     ("equarx_ref/models/prefill.py", "Gemma 3 12B 1.1x and 27B 1.25x faster prefill"),
     ("equarx_ref/scales.py", "rounded for only 87% of values"),
     # the project's targets, and the floor a ratio is read against

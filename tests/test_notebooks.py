@@ -12,7 +12,6 @@ collected as one).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,18 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_nbtool
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _nbtool():
-    spec = importlib.util.spec_from_file_location("nbtool", ROOT / "notebooks" / "nbtool.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-nbtool = _nbtool()
+nbtool = load_nbtool()
 
 
 def test_there_are_notebooks():

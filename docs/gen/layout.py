@@ -16,8 +16,8 @@ from .common import ROOT, Section
 PKG = ROOT / "equarx_ref"
 
 #: The library read in an afternoon: flat at the top of the package, in reading order.
-CORE = ("formats", "elements", "scales", "quantize", "wire", "schedule", "execute", "collectives",
-        "rules", "devices")
+CORE = ("formats", "elements", "scales", "rounding", "quantize", "wire", "program", "schedule",
+        "execute", "collectives", "rules", "devices")
 
 #: Bottom first. A module imports from its own folder and from the layers below, never above:
 #: the spec, then the core, then what extends it. What the core needs from above (a size gate,
@@ -28,9 +28,11 @@ LAYERS = (
      "imports anything of the package"),
     (("extensions", "formats", "devices", "_checks", "_jax_private"),
      "the core's extension points; the element grids and formats; the mesh"),
-    (("elements", "scales"), "element codes and their packing; block scales, exactly"),
-    (("quantize", "wire", "schedule", "autodiff"),
-     "the quantizer; its wire codec; who sends what, when; the derivative of a collective"),
+    (("elements", "scales", "rounding"),
+     "element codes and their packing; block scales, exactly; rounding onto the grid, exactly"),
+    (("quantize", "wire", "program", "schedule", "autodiff"),
+     "the quantizer; its wire codec; a schedule as data and its walk; who sends what, when; "
+     "the derivative of a collective"),
     (("execute", "collectives", "rules"),
      "a schedule executed; all_reduce and AllReduce; their argument rules"),
     (("models", "remedies", "kernels"),
@@ -87,7 +89,8 @@ def folders() -> list[tuple[str, list[tuple[str, int]], str]]:
 
 def _number(n: int) -> str:
     """A small count in words, as prose writes it."""
-    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+             "eleven", "twelve")
     return words[n] if n < len(words) else str(n)
 
 

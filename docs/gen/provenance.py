@@ -57,7 +57,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
 
 #: The stored results a module reads as it runs (`data.load`): a result made with it depends on
 #: them as on code, so their results join its digest.
-READS: dict[str, tuple[str, ...]] = {"equarx_ref.models.cost": ("tpu-schedule",)}
+READS: dict[str, tuple[str, ...]] = {"equarx_ref.models.chips": ("tpu-schedule",)}
 
 
 def _path(module: str) -> Path:

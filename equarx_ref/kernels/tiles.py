@@ -165,7 +165,7 @@ def _float_codes(x: jax.Array, r: dict, fmt: Format) -> jax.Array:
     """x / S onto a float grid (fp8, fp4), nearest, ties to even, exactly; sign | magnitude
     code. The unit of the grid at |v| (v = x inv, its binade from v's exponent bits) turns the
     grid into integers, and the integer rule of `_int_codes` runs in those units: only a
-    midpoint of v's own binade can be in doubt (quantize.py `_nearest_codes`). E8M0 scales
+    midpoint of v's own binade can be in doubt (rounding.py `_nearest_codes`). E8M0 scales
     (no S) make v exact: rounding it to nearest even is the answer. No code passes the top
     of the grid: |v| is clamped to elem_max, and with a bf16 scale the grid's top midpoint
     lies past one scale step (quantize.py)."""

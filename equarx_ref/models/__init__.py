@@ -8,6 +8,8 @@
   (`all_reduce(..., hop_bits="adaptive")`);
 - `cost.py`: time on a TPU slice (or on hosts behind a switch) from public chip figures, the
   pipeline, the crossover and the size gate;
+- `chips.py`: those figures, one `Chip` per kind (the TPU presets, `CHIPS`), and where each
+  comes from;
 - `prefill.py`: the modelled prefill time of a tensor-parallel Gemma 3;
 - `hlo.py`: the bytes a compiled program really sends, to hold the predictions to.
 

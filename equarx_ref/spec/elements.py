@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _masks
 
 
 def _rounding_args(a, s, G) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,10 +82,7 @@ def codes(idx: np.ndarray, negative: np.ndarray, bits: int, is_int: bool) -> np.
     if idx.size and (idx.min() < 0 or idx.max() >= top):
         raise ValueError(f"idx must lie in [0, {top}) for {bits}-bit elements, got "
                          f"{idx.min()} .. {idx.max()}")
-    negative = np.asarray(negative)
-    if negative.dtype != bool or negative.shape != idx.shape:
-        raise TypeError(f"negative must be a bool array of idx's shape {idx.shape}, got "
-                        f"{negative.dtype} {negative.shape}")
+    negative = _masks.mask(negative, idx.shape, "negative", "idx")
     if is_int:  # two's complement of the signed integer
         c = np.where(negative, -idx, idx) & ((1 << bits) - 1)
     else:  # sign bit | magnitude code

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _masks
 from .formats import E8M0_BIAS, F32_MAX, F32_TINY, SCALE_TYPES, check_format, scale_rule
 
 
@@ -102,10 +102,7 @@ def block_scale(amax: np.ndarray, fmt, emax: float,
     if np.any(amax < 0):
         raise ValueError(f"amax must be >= 0 (a block's largest magnitude), got "
                          f"{amax[amax < 0][0]!r}")
-    tiny = np.asarray(tiny)
-    if tiny.dtype != bool or tiny.shape != amax.shape:
-        raise TypeError(f"tiny must be a bool array of amax's shape {amax.shape}, got "
-                        f"{tiny.dtype} {tiny.shape}")
+    tiny = _masks.mask(tiny, amax.shape, "tiny", "amax")
     finite = np.isfinite(amax)
     amax_f = np.where(finite & ~tiny, amax, 0.0)
     if fmt.scale_dtype == "e8m0":
