@@ -20,7 +20,8 @@ first use (PEP 562's module `__getattr__`), so `import equarx_ref` loads nothing
 jax: `from equarx_ref import spec` runs where only NumPy and ml_dtypes are installed, and
 `eq.Format`, `eq.all_reduce`, ... import their module (and jax) the first time they are read.
 The subpackages load the same way: `eq.gemma` (the model), `eq.kernels` (Pallas), `eq.viz`
-(matplotlib), `eq.outliers` (static int4 with bf16 outlier features), `eq.spec`.
+(matplotlib), `eq.outliers` (static int4 with bf16 outlier features), `eq.spec`; and each
+folder's modules in turn (`eq.models.cost`, `eq.runs.sweep`: `_lazy.py`).
 """
 
 from __future__ import annotations

@@ -66,6 +66,38 @@ def test_import_loads_no_jax_and_quantize_stays_the_function():
     assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
 
 
+FOLDERS = ("gemma", "kernels", "models", "multihost", "outliers", "remedies", "runs", "viz")
+
+
+def test_a_folders_modules_read_as_attributes():
+    """In a fresh interpreter, each public module of each folder is an attribute of it,
+    loaded on first read (`_lazy.submodules`): `eq.models.predict` with no import line of its
+    own, as `eq.gemma` is; a name that is no module is an AttributeError naming it."""
+    code = textwrap.dedent(f"""
+        import pkgutil, sys
+        import equarx_ref as eq
+        assert "equarx_ref.models.predict" not in sys.modules
+        assert eq.models.predict.__name__ == "equarx_ref.models.predict"
+        for folder in {FOLDERS!r}:
+            package = getattr(eq, folder)
+            for m in pkgutil.iter_modules(package.__path__):
+                if not m.name.startswith("_"):
+                    assert getattr(package, m.name).__name__ == f"{{package.__name__}}.{{m.name}}"
+        try:
+            eq.models.no_such_module
+        except AttributeError as e:
+            assert "'equarx_ref.models' has no attribute 'no_such_module'" in str(e), e
+        else:
+            raise AssertionError("eq.models.no_such_module read as something")
+        print("ok")
+    """)
+    assert {p.parent.name for p in (ROOT / "equarx_ref").glob("*/__init__.py")} - set(FOLDERS) \
+        == {"cli", "data", "spec"}  # the command, the records, the spec (no package import)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
+
+
 def test_python_m_equarx_ref_runs_the_command():
     out = subprocess.run([sys.executable, "-m", "equarx_ref", "--version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

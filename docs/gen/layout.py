@@ -26,7 +26,7 @@ CORE = ("formats", "elements", "scales", "rounding", "quantize", "wire", "progra
 LAYERS = (
     (("spec", "data"), "the spec: NumPy and ml_dtypes only; the stored results: JSON. Neither "
      "imports anything of the package"),
-    (("extensions", "formats", "devices", "_checks", "_jax_private"),
+    (("extensions", "formats", "devices", "_checks", "_jax_private", "_lazy"),
      "the core's extension points; the element grids and formats; the mesh"),
     (("elements", "scales", "rounding"),
      "element codes and their packing; block scales, exactly; rounding onto the grid, exactly"),

@@ -15,6 +15,7 @@ AllReduce (`equarx_ref.outliers`): `calibrate` (ranges from `calibtext`, the qua
 `gguf` and `tokenizers` (extra `gemma`) are imported only when weights or the tokenizer load.
 """
 
+from .._lazy import submodules
 from .config import PRESETS, Gemma3Config
 from .parallel import ShardedParams, forward, shard_params
 from .tokenizer import Tokenizer
@@ -29,3 +30,5 @@ __all__ = [
            "load_gguf",
            "shard_params",
 ]
+
+__getattr__ = submodules(__name__)  # eq.gemma.MODULE loads MODULE on first read

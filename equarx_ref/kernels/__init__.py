@@ -14,6 +14,7 @@ times them is `runs/kernel_checks.py`. `gpu.py` is the GPU codec, the same encod
 hop as Pallas kernels for Triton (imported on its own: `from equarx_ref.kernels import gpu`).
 """
 
+from .._lazy import submodules
 from . import codec, mosaic_codec, tiles
 from .backend import RaceLog, interpret_params, on_tpu, race_detecting
 from .plan import RingPlan, plan_ring
@@ -34,3 +35,5 @@ __all__ = [
     "ring_all_reduce",
     "tiles",
 ]
+
+__getattr__ = submodules(__name__)  # eq.kernels.MODULE loads MODULE on first read

@@ -16,3 +16,7 @@
 Everything here imports only the core (formats, quantize, schedule); the core imports nothing
 from here, and looks up the size gates and the hop plan by name (`extensions.py`).
 """
+
+from .._lazy import submodules
+
+__getattr__ = submodules(__name__)  # eq.models.MODULE loads MODULE on first read

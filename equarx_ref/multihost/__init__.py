@@ -13,8 +13,11 @@ Run it from the command line: `equarx-ref bench --hosts 4 --link 1gbit --mib 32`
 with `equarx_ref.viz.plot_measured`.
 """
 
+from .._lazy import submodules
 from .launcher import DEFAULT_ALGORITHMS, DEFAULT_FORMATS, DEFAULT_SIZES, run
 from .network import leftovers, parse_rate
 
 __all__ = ["DEFAULT_ALGORITHMS", "DEFAULT_FORMATS", "DEFAULT_SIZES", "leftovers", "parse_rate",
            "run"]
+
+__getattr__ = submodules(__name__)  # eq.multihost.MODULE loads MODULE on first read

@@ -21,6 +21,7 @@ Every public name is re-exported here: `eq.outliers.StaticAllReduce`,
 `equarx_ref.gemma.calibrate`.
 """
 
+from .._lazy import submodules
 from .calibration import (
     check_calibration,
     default_outliers,
@@ -49,3 +50,5 @@ __all__ = [
     "update_calibration",
     "window_sums",
 ]
+
+__getattr__ = submodules(__name__)  # eq.outliers.MODULE loads MODULE on first read

@@ -5,3 +5,7 @@
 quantizer itself (`quantize.py`), with one key per hop, piece and device folded by the executor;
 hop-aware bit plans (`hop_bits="adaptive"`) are chosen by the error model (`models/hops.py`).
 """
+
+from .._lazy import submodules
+
+__getattr__ = submodules(__name__)  # eq.remedies.MODULE loads MODULE on first read

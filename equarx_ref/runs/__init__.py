@@ -16,3 +16,7 @@
 The multi-host run (`equarx-ref bench --hosts`) is `multihost/`, Gemma's quality and
 calibration runs are in `gemma/`. The CLI (`cli/`) only parses, calls one of these and prints.
 """
+
+from .._lazy import submodules
+
+__getattr__ = submodules(__name__)  # eq.runs.MODULE loads MODULE on first read

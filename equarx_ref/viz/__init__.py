@@ -17,6 +17,7 @@ plot_measured`. `import equarx_ref` does not load this package (nor matplotlib) 
 `eq.viz` is used.
 """
 
+from .._lazy import submodules
 from .results import (
     MARKERS,
     plot_bytes_error,
@@ -44,3 +45,5 @@ __all__ = [
     "plot_speedup",
     "plot_sweep",
 ]
+
+__getattr__ = submodules(__name__)  # eq.viz.MODULE loads MODULE on first read
