@@ -123,12 +123,14 @@ def test_bench(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_times_the_mosaic_codec_where_asked():
+def test_bench_times_the_mosaic_codec_where_asked(monkeypatch):
     """On a TPU `bench` times the Mosaic codec's kernels beside the XLA path; here, asked for
-    them, it runs them in interpret mode (a test of the wiring, not a timing): same fewest
+    them, it runs them in interpret mode (a test of the wiring, not a timing, so on 128 rows
+    of values rather than a MiB's 4096: interpret mode's time grows with them): same fewest
     bytes, rows labelled "pallas"; an unknown path is refused in one line."""
     from equarx_ref.runs import bench
 
+    monkeypatch.setattr(bench, "_values", lambda mib: 128 * 128)
     rows = bench.codec_throughput(1, formats=("int8",), repeats=1, paths=("xla", "pallas"))
     by = {(r["path"], r["program"]): r for r in rows if r["program"] not in ("x + 1", "a + b")}
     assert sorted(by) == sorted((p, g) for p in ("xla", "pallas") for g in bench.PROGRAMS)
