@@ -123,12 +123,14 @@ def test_bench(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_times_the_mosaic_codec_where_asked():
+def test_bench_times_the_mosaic_codec_where_asked(monkeypatch):
     """On a TPU `bench` times the Mosaic codec's kernels beside the XLA path; here, asked for
-    them, it runs them in interpret mode (a test of the wiring, not a timing): same fewest
+    them, it runs them in interpret mode (a test of the wiring, not a timing, so on 128 rows
+    of values rather than a MiB's 4096: interpret mode's time grows with them): same fewest
     bytes, rows labelled "pallas"; an unknown path is refused in one line."""
     from equarx_ref.runs import bench
 
+    monkeypatch.setattr(bench, "_values", lambda mib: 128 * 128)
     rows = bench.codec_throughput(1, formats=("int8",), repeats=1, paths=("xla", "pallas"))
     by = {(r["path"], r["program"]): r for r in rows if r["program"] not in ("x + 1", "a + b")}
     assert sorted(by) == sorted((p, g) for p in ("xla", "pallas") for g in bench.PROGRAMS)
@@ -240,7 +242,9 @@ def test_cli_check_is_bitwise_the_spec(capsys, tmp_path):
 @pytest.mark.slow
 def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
     """One bit flipped in the codec's bytes: status 1, and the block that differs is shown with
-    its values, the expected and the received bytes."""
+    its values, the expected and the received bytes. The bit flips in every format alike, so
+    int8 alone is checked (`--formats int8`); test_cli_check_is_bitwise_the_spec runs the
+    whole check."""
     from equarx_ref.runs import check
     from equarx_ref.wire import to_bytes
 
@@ -250,7 +254,7 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
 
     monkeypatch.setattr(check, "to_bytes", flipped)
     monkeypatch.setattr(check, "_codec", functools.cache(check._codec.__wrapped__))
-    assert cli.main(["check"]) == 1
+    assert cli.main(["check", "--formats", "int8"]) == 1
     text = capsys.readouterr().out
     assert f"NOT bitwise equal to the spec on {_chip()}" in text, text
     assert "first difference: int8, gaussian, by to_bytes(quantize(x))" in text, text
@@ -266,7 +270,8 @@ def test_cli_check_shows_the_first_differing_block(capsys, monkeypatch):
 @pytest.mark.slow
 def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
     """The Mosaic codec's kernels are checked too: with one bit of the encode kernel's output
-    flipped, or the decode kernel's values negated, the check fails and names the kernel."""
+    flipped, or the decode kernel's values negated, the check (of int8: `--formats int8`)
+    fails and names the kernel."""
     from equarx_ref.kernels import codec, tiles
     from equarx_ref.wire import Message
 
@@ -275,7 +280,7 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
         p_ref[...], s_ref[...] = m.payload.at[0].set(m.payload[0] ^ 1), m.scales
 
     monkeypatch.setattr(codec, "_encode_body", flipped)
-    assert cli.main(["check"]) == 1
+    assert cli.main(["check", "--formats", "int8"]) == 1
     text = capsys.readouterr().out
     assert "first difference: kernels int8, gaussian, by kernels.codec.encode" in text, text
     assert any(ln.split()[:5] == ["kernels", "int8", "0", "of", "12"] for ln in text.splitlines())
@@ -285,7 +290,7 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
         o_ref[...] = -tiles.decode(Message(p_ref[...], s_ref[...]), fmt, dtype)
 
     monkeypatch.setattr(codec, "_decode_body", negated)
-    assert cli.main(["check"]) == 1
+    assert cli.main(["check", "--formats", "int8"]) == 1
     text = capsys.readouterr().out
     assert "first difference: kernels int8, " in text and "by kernels.codec.decode" in text, text
 
@@ -293,7 +298,8 @@ def test_cli_check_covers_the_mosaic_codec(capsys, monkeypatch):
 @pytest.mark.slow
 def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
     """The GPU codec's kernels are checked too (interpreted here, native on a GPU): with one
-    bit of the encode kernel's payload flipped, the check fails and names the kernel."""
+    bit of the encode kernel's payload flipped, the check (of int8: `--formats int8`) fails
+    and names the kernel."""
     from equarx_ref.kernels import gpu
 
     real = gpu._encode_tile
@@ -303,7 +309,7 @@ def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
         return payload ^ 1, bits
 
     monkeypatch.setattr(gpu, "_encode_tile", flipped)
-    assert cli.main(["check"]) == 1
+    assert cli.main(["check", "--formats", "int8"]) == 1
     text = capsys.readouterr().out
     assert "first difference: gpu kernels int8, gaussian, by kernels.gpu.encode" in text, text
 
@@ -311,13 +317,15 @@ def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
 @pytest.mark.slow
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):
     """The stochastic-rounding path is checked too: with the f32-scale decision broken (every
-    value rounded down), the check fails and names that path."""
+    value rounded down), the check fails and names that path. `quantize._at_least` decides
+    for f32 scales only: of the check formats only int8/f32 can fail by it, and it alone is
+    checked (`--formats int8/f32`)."""
     from equarx_ref.runs import check
 
     rounding_module = sys.modules["equarx_ref.rounding"]
     monkeypatch.setattr(rounding_module, "_at_least", lambda r, m, S: jnp.zeros(r.shape, bool))
     monkeypatch.setattr(check, "_codec", functools.cache(check._codec.__wrapped__))
-    assert cli.main(["check"]) == 1
+    assert cli.main(["check", "--formats", "int8/f32"]) == 1
     text = capsys.readouterr().out
     assert "first difference: int8/f32, gaussian, by to_bytes(quantize(x, key=jax.random.key(0)))" \
         in text, text

@@ -117,29 +117,32 @@ def test_gpu_codec_gives_the_spec_message(name):
 def test_gpu_codec_keeps_leading_axes_and_bf16(name, shape):
     """bf16 messages with leading axes, as the collectives hand them over, in tiles of 32 rows,
     of one row, and with one block a row: the XLA codec's message, the bf16 values
-    `Codec.decode` gives back, and the XLA hop's message."""
+    `Codec.decode` gives back, and the XLA hop's message (each side under jit, as the
+    collectives run them)."""
     fmt = eq.Format.parse(name)
     m = shape[-1]
     x = (jax.random.normal(jax.random.key(1), shape, jnp.float32) * 8).astype(jnp.bfloat16)
     local = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(jnp.bfloat16)
-    got = gpu.encode(x, fmt)
-    want = wire.encode(x.astype(jnp.float32), fmt)
+    got = jax.jit(lambda v: gpu.encode(v, fmt))(x)
+    want = jax.jit(lambda v: wire.encode(v.astype(jnp.float32), fmt))(x)
     (pb, rows), (g, _) = wire.message_shapes(m, fmt)
     assert got.payload.shape == (*shape[:-1], pb, rows) and got.scales.shape == (
         *shape[:-1], g, rows)
     for a, b, part in ((got.payload, want.payload, "payload"), (got.scales, want.scales,
                                                                "scales")):
         assert a.dtype == b.dtype and np.array_equal(a, b), f"encode {name}: {part} differs"
-    decoded = wire.decode(want, fmt, m)
-    assert np.array_equal(np.asarray(gpu.decode(want, fmt, m, jnp.bfloat16)).view(np.uint16),
+    decoded = jax.jit(lambda w: wire.decode(w, fmt, m))(want)
+    assert np.array_equal(np.asarray(jax.jit(lambda w: gpu.decode(w, fmt, m, jnp.bfloat16))(
+        want)).view(np.uint16),
                           np.asarray(decoded.astype(jnp.bfloat16)).view(np.uint16))
     # the spec agrees on the 2-D case's rows (its values are all finite here)
     flat = np.asarray(x, np.float32).reshape(-1, m)
     _, payload, scales, finite = _spec_messages(fmt, flat)
     _same_message(jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), got), payload, scales,
                   finite, fmt, f"encode {name}")
-    nxt = wire.encode(decoded + zero_subnormals(local.astype(jnp.float32)), fmt)
-    hopped = gpu.hop(want, local, fmt)
+    nxt = jax.jit(lambda d, v: wire.encode(d + zero_subnormals(v.astype(jnp.float32)), fmt))(
+        decoded, local)
+    hopped = jax.jit(lambda w, v: gpu.hop(w, v, fmt))(want, local)
     for a, b, part in ((hopped.payload, nxt.payload, "payload"), (hopped.scales, nxt.scales,
                                                                   "scales")):
         assert a.dtype == b.dtype and np.array_equal(a, b), f"hop {name}: {part} differs"
@@ -227,7 +230,8 @@ def test_gpu_codec_refuses_what_it_does_not_code(name, why):
 @pytest.mark.slow
 def test_gpu_codec_refuses_bad_messages_in_one_line():
     fmt = eq.Format.int8()
-    good = wire.encode(jnp.zeros((2, 256)), fmt)  # payload [2, 128, 2], scales [2, 4, 2]
+    good = jax.jit(wire.encode, static_argnums=1)(jnp.zeros((2, 256)), fmt)  # payload
+    # [2, 128, 2], scales [2, 4, 2]
     cases = [
         (ValueError, r"x must be values \[\.\.\., m\] of whole rows of 128",
          lambda: gpu.encode(jnp.zeros(160), fmt)),
@@ -352,14 +356,17 @@ def _eval_as_triton(jaxpr, consts, *args):
 
 
 def _as_triton(fn, *args):
-    """fn(*args) evaluated with Triton's semantics: its outputs, as a list."""
+    """fn(*args) evaluated with Triton's semantics: its outputs, as a list. The evaluation is
+    traced and compiled as one program (op by op, eagerly, each operation would compile on
+    its own); test_the_emulation_is_tritons holds that program to Triton's semantics."""
     closed = jax.make_jaxpr(fn)(*args)
-    return _eval_as_triton(closed.jaxpr, closed.consts, *args)
+    return jax.jit(lambda *a: _eval_as_triton(closed.jaxpr, closed.consts, *a))(*args)
 
 
 def test_the_emulation_is_tritons():
     """The emulated semantics are the ones described, and XLA's differ (else this proves
-    nothing): -0 negates to +0, a NaN drops out of max and min."""
+    nothing): -0 negates to +0, a NaN drops out of max and min, in the one compiled program
+    `_as_triton` makes (XLA's simplifier does not turn 0 - x back into -x)."""
     z, nan = jnp.float32(0.0), jnp.float32(np.nan)
     assert not jnp.signbit(_as_triton(lambda v: -v, z)[0]) and jnp.signbit(-z)
     assert _as_triton(lambda a, b: jnp.maximum(a, b), nan, z)[0] == 0 and jnp.isnan(

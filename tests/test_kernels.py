@@ -479,27 +479,32 @@ def test_mosaic_codec_steps_in_place_match_the_cut_ones():
     (interpret mode): the messages and values of the steps they stand for, on a slice cut out
     first (and for a pipelined piece, its window of rows), or joined after; and the XLA
     codec's `decode_in_order` (a transpose, or a gather) is `decode` of the permuted
-    messages."""
+    messages. The steps they stand for are taken of the XLA codec (jit): the kernels' own
+    whole-message encode, decode and hop are bitwise those (test_mosaic_codec_tiles_the_message,
+    test_mosaic_hop_is_bitwise_the_xla_hop, and the spec's bytes in test_conformance.py), so
+    each in-place kernel program is compiled here, and no other."""
     fmt = eq.Format.int8()
     r = 16  # rows a chunk (one short tile): m = 2048 values
     m = r * 128
     source = jax.random.normal(jax.random.key(8), (4, r, 128)).astype(jnp.bfloat16)
     kernel = MosaicCodec(fmt, jnp.bfloat16, interpret=True)
+
+    def cut_encode(rows):  # the XLA codec's encode of bf16 rows [chunks, m]
+        return encode(rows.astype(jnp.float32), fmt)
+
     start = jnp.int32(2)
     cut = source[2:3].reshape(1, m)
     message = kernel.encode_at(source, start, 1)
-    _same(message, kernel.encode(cut), "encode_at")
-    _same(message, encode(cut.astype(jnp.float32), fmt), "encode_at, the XLA codec's")
-    cut_hop = kernel.hop(message, cut)
-    _same(kernel.hop_at(message, source, start, 1), cut_hop, "hop_at")
-    _same(cut_hop, _xla_hop(message, cut, fmt), "hop, the XLA hop")
+    _same(message, cut_encode(cut), "encode_at, the XLA codec's encode of the cut")
+    cut_hop = _xla_hop(message, cut, fmt)
+    _same(kernel.hop_at(message, source, start, 1), cut_hop, "hop_at, the XLA hop of the cut")
     # two hops written into one stack of two messages (a bidirectional ring's gather), in
     # place: the two messages joined
-    other = kernel.encode(source[0:1].reshape(1, m))
+    other = cut_encode(source[0:1].reshape(1, m))
     both = kernel.hop_at(other, source, jnp.int32(3), 1, into=(2, 1))
     both = kernel.hop_at(message, source, start, 1, into=(both, 0))
     _same(both, jax.tree.map(lambda *a: jnp.concatenate(a), cut_hop,
-                             kernel.hop(other, source[3:4].reshape(1, m))), "hop_at into")
+                             _xla_hop(other, source[3:4].reshape(1, m), fmt)), "hop_at into")
     with pytest.raises(ValueError, match="into lays 1 chunks from chunk 1: past its 1"):
         kernel.hop_at(message, source, start, 1, into=(1, 1))
     # a pipelined piece: chunks of two pieces of r rows, the second's rows read in place
@@ -507,8 +512,8 @@ def test_mosaic_codec_steps_in_place_match_the_cut_ones():
     window = (r, r)
     cut = pieces[2:3, r:].reshape(1, m)
     message = kernel.encode_at(pieces, start, 1, window)
-    _same(message, kernel.encode(cut), "encode_at a window")
-    _same(kernel.hop_at(message, pieces, start, 1, window), kernel.hop(message, cut),
+    _same(message, cut_encode(cut), "encode_at a window")
+    _same(kernel.hop_at(message, pieces, start, 1, window), _xla_hop(message, cut, fmt),
           "hop_at a window")
     # and back: each piece's messages decoded over its rows of one result, in place
     halves = [(0, r), window]
@@ -517,22 +522,22 @@ def test_mosaic_codec_steps_in_place_match_the_cut_ones():
     assert not kernel.places(pieces.shape, (8, r))
     with pytest.raises(ValueError, match="cannot code 1 chunk"):
         kernel.encode_at(pieces, start, 1, (8, r))
-    sent = [kernel.encode(pieces[:, a:a + n].reshape(4, m)) for a, n in halves]
+    sent = [cut_encode(pieces[:, a:a + n].reshape(4, m)) for a, n in halves]
     out = jax.ShapeDtypeStruct(pieces.shape, jnp.bfloat16)
     for got, w, order in zip(sent, halves, (None, (1, 3, 0, 2)), strict=True):
         if order is not None:
             got = jax.tree.map(lambda a, o=order: a[np.argsort(o)], got)
         out = kernel.decode_into(got, out, w, jnp.bfloat16, order)
-    want = jnp.concatenate([kernel.decode(got, m, jnp.bfloat16).reshape(4, -1, 128)
+    want = jnp.concatenate([decode(got, fmt, m).astype(jnp.bfloat16).reshape(4, -1, 128)
                             for got in sent], axis=1)
     assert out.dtype == jnp.bfloat16 and np.array_equal(_bits(out), _bits(want))
-    gathered = kernel.encode(source.reshape(4, m))
+    gathered = cut_encode(source.reshape(4, m))
     order = (1, 3, 0, 2)
-    want = kernel.decode(jax.tree.map(lambda a: a[np.array(order)], gathered), m)
+    want = decode(jax.tree.map(lambda a: a[np.array(order)], gathered), fmt, m)
     assert np.array_equal(_bits(kernel.decode_in_order(gathered, m, None, order)), _bits(want))
     xla = Codec(fmt, jnp.bfloat16)
-    flat = xla.encode(source.reshape(4, m).astype(jnp.float32))
     for order in ((0, 2, 1, 3), (3, 1, 2, 0)):  # a transpose of [2, 2], and a gather
+        in_order = jax.jit(lambda w, o=order: xla.decode_in_order(w, m, None, o))
         assert np.array_equal(
-            _bits(xla.decode_in_order(flat, m, None, order)),
-            _bits(xla.decode(jax.tree.map(lambda a, o=order: a[np.array(o)], flat), m)))
+            _bits(in_order(gathered)),
+            _bits(decode(jax.tree.map(lambda a, o=order: a[np.array(o)], gathered), fmt, m)))

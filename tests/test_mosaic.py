@@ -46,17 +46,19 @@ def _run(x, impl, *, axes=("x",), shape=None, **kw):
 # values per device: chunks (pipeline pieces) of whole tiles of 128 rows of 128 values, of 16
 # to 48 rows (a short tile), and chunks the kernels do not take (not whole sublane groups of
 # rows: the XLA codec carries them, the same bytes); `kernels`: whether the tile code codes
-# any message (off a TPU `MosaicCodec` runs it as XLA ops)
+# any message (off a TPU `MosaicCodec` runs it as XLA ops). A case's compile grows with p and
+# with the values a device holds: p = 8 in three cases (two-shot, a ring with rotation, a ring
+# of chunks the kernels do not take), p = 4 (a 2 x 2 mesh for two axes) in the rest.
 CASES = [  # algorithm, format, p, values per device, num_chunks, dtype, extra, kernels
-    ("ring", "int8", 8, 8 * 256 * 128, 1, jnp.bfloat16, {}, True),
-    ("ring", "mxfp4", 8, 8 * 32 * 128, 2, jnp.float32, {}, True),
+    ("ring", "int8", 4, 4 * 256 * 128, 1, jnp.bfloat16, {}, True),
+    ("ring", "mxfp4", 4, 4 * 32 * 128, 2, jnp.float32, {}, True),
     ("bidir_ring", "int4", 4, 8 * 16 * 128, 1, jnp.bfloat16, {}, True),
     ("two_shot", "fp8_e4m3", 8, 8 * 48 * 128, 1, jnp.float32, {}, True),
     ("one_shot", "mxfp8", 4, 16 * 128, 1, jnp.bfloat16, {}, True),
     ("ring", "int8/f32", 8, 8 * 16 * 128 + 5, 1, jnp.float32, {}, False),
     ("ring", "int8", 8, 8 * 32 * 128, 1, jnp.float32, {"rotate": True}, True),
-    ("bidir_ring", "fp8_e5m2", 8, 16 * 16 * 128, 1, jnp.float32,
-     {"axes": ("a", "b"), "shape": (2, 4)}, True),
+    ("bidir_ring", "fp8_e5m2", 4, 8 * 16 * 128, 1, jnp.float32,
+     {"axes": ("a", "b"), "shape": (2, 2)}, True),
     ("ring", "int8/b16", 4, 4 * 32 * 128, 2, jnp.bfloat16, {}, True),
     # chunks of 144 rows, which the kernels take (`codec.takes`): a tile and a short one
     ("ring", "int8", 4, 4 * 144 * 128, 1, jnp.float32, {}, True),
@@ -94,7 +96,8 @@ def test_kernels_in_place_inside_the_collective_are_bitwise_xla(monkeypatch):
     devices (8 would deadlock a 2-core XLA:CPU, mosaic_codec.py): a pipelined bidirectional
     ring, whose steps read the input where it lies (`encode_at`, `hop_at`), write both lanes'
     last sums into one message (`hop_at(into=...)`) and decode each piece into its place in
-    the result (`decode_into`), gives bitwise the XLA path's result."""
+    the result (`decode_into`), gives bitwise the XLA path's result. Pieces of 16 rows, one
+    short tile each: the smallest the kernels take in place."""
     init, used = MosaicCodec.__init__, []
     monkeypatch.setattr(MosaicCodec, "__init__", lambda self, fmt, dtype: init(
         self, fmt, dtype, interpret=True))
@@ -103,7 +106,7 @@ def test_kernels_in_place_inside_the_collective_are_bitwise_xla(monkeypatch):
         monkeypatch.setattr(MosaicCodec, name, lambda self, *a, _s=step, _n=name, **kw:
                             used.append((_n, kw.get("into") is not None)) or
                             _s(self, *a, **kw))
-    x = _data(4, 8 * 512 * 128, jnp.bfloat16)  # 8 chunks of 2 pieces of 256 rows
+    x = _data(4, 8 * 32 * 128, jnp.bfloat16)  # 8 chunks of 2 pieces of 16 rows (a tile each)
     kw = {"fmt": eq.Format.int8(), "algorithm": "bidir_ring", "num_chunks": 2}
     fn, xs = _run(x, "mosaic", **kw)
     mosaic = np.asarray(fn(xs))

@@ -14,6 +14,8 @@ the devices `setup_devices` gives, against the spec's sum of its schedule. A dif
 the first differing block: its values, the expected and the received bytes. A `progress`
 callback hears of each part as it starts (`equarx-ref check` prints them, as `demo` does):
 the whole check compiles a few dozen programs, which takes a minute on a laptop CPU.
+`equarx-ref check --formats NAME ...` checks only those formats (any `Format.parse` reads),
+and runs only the all_reduce cases in them (`reduce_cases`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ CHECK_FORMATS = (*FORMAT_NAMES, "mxfp6_e2m3", "int7/b8", "int8/f32")
 REDUCE_CASES = (("ring", "int8", 1000, "xla"), ("one_shot", "int4/b16", 999, "xla"),
                 ("two_shot", "mxfp8", 999, "xla"), ("ring", "int8", 8192, "mosaic"),
                 ("two_shot", "mxfp4", 8192, "mosaic"))
+
+
+def reduce_cases(formats) -> tuple:
+    """The cases of `REDUCE_CASES` whose format is one of `formats` (names as
+    `Format.parse` reads them): what `equarx-ref check --formats` runs."""
+    chosen = {Format.parse(name) for name in formats}
+    return tuple(c for c in REDUCE_CASES if Format.parse(c[1]) in chosen)
 
 
 #: The key of the stochastic-rounding check.
@@ -141,19 +150,7 @@ def check_kernels(name: str, family: str = "mosaic") -> dict:
     encoded = jax.jit(lambda v: codec.encode(v, fmt, count=len(xs), stacked=True))(
         jnp.asarray(values_in.reshape(-1, 128)))
     values = np.asarray(jax.jit(lambda w: codec.decode(w, fmt))(stacked)).reshape(len(xs), -1)
-    out = {}
-    for i, cls in enumerate(data.CLASSES):
-        fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
-        want = spec.canonical_bytes(qs[i])
-        got = _canonical(encoded.payload[i], encoded.scales[i], fmt)
-        finite = np.repeat(qs[i].finite, fmt.block_size)
-        if not np.array_equal(got[fixed], want[fixed]):
-            out[cls] = {"path": "kernels.codec.encode",
-                        **_first_block(fmt, values_in[i], want, got, fixed)}
-        else:
-            out[cls] = _values_differ(fmt, values_in[i], expect, values[i], finite,
-                                      "kernels.codec.decode")
-    return out
+    return _compare_kernels(fmt, values_in, qs, encoded, values, "kernels.codec")
 
 
 def _case_name(algorithm: str, name: str, p: int, impl: str) -> str:
@@ -184,6 +181,14 @@ def _check_gpu_kernels(name: str) -> dict:
                       jnp.asarray(np.stack([s for _, s in messages])))
     encoded = jax.jit(functools.partial(gpu.encode, fmt=fmt))(jnp.asarray(rows))
     values = np.asarray(jax.jit(lambda w: gpu.decode(w, fmt, m))(message))
+    return _compare_kernels(fmt, rows, qs, encoded, values, "kernels.gpu")
+
+
+def _compare_kernels(fmt, rows, qs, encoded, values, kernels: str) -> dict:
+    """A codec's kernels against the spec, a data class a row: `rows` the values encoded,
+    `qs` the spec's quantized rows, `encoded` the kernels' stacked message, `values` what they
+    decoded of the spec's messages. {class: None when bitwise the spec, else what differs
+    first, by "<kernels>.encode" (in canonical bytes) or "<kernels>.decode"}."""
     out = {}
     for i, cls in enumerate(data.CLASSES):
         fixed, expect = spec.fixed_bytes(qs[i]), qs[i].values.ravel()
@@ -191,21 +196,22 @@ def _check_gpu_kernels(name: str) -> dict:
         got = _canonical(encoded.payload[i], encoded.scales[i], fmt)
         finite = np.repeat(qs[i].finite, fmt.block_size)
         if not np.array_equal(got[fixed], want[fixed]):
-            out[cls] = {"path": "kernels.gpu.encode",
+            out[cls] = {"path": f"{kernels}.encode",
                         **_first_block(fmt, rows[i], want, got, fixed)}
         else:
             out[cls] = _values_differ(fmt, rows[i], expect, values[i], finite,
-                                      "kernels.gpu.decode")
+                                      f"{kernels}.decode")
     return out
 
 
-def check_all_reduce(devices, progress=None) -> dict:
-    """A small all_reduce per case on `devices` against the spec's sum: {case: None or what
-    differs first}. `progress(message)`, if given, hears of each case as it starts."""
+def check_all_reduce(devices, progress=None, cases=None) -> dict:
+    """A small all_reduce per case of `cases` (default `REDUCE_CASES`) on `devices` against
+    the spec's sum: {case: None or what differs first}. `progress(message)`, if given, hears
+    of each case as it starts."""
     p = len(devices)
     mesh = make_mesh(devices, ("tp",))
     out = {}
-    for algorithm, name, n, impl in REDUCE_CASES:
+    for algorithm, name, n, impl in REDUCE_CASES if cases is None else cases:
         if progress:
             progress(f"all_reduce {_case_name(algorithm, name, p, impl)}")
         fmt = Format.parse(name)
@@ -225,10 +231,11 @@ def check_all_reduce(devices, progress=None) -> dict:
     return out
 
 
-def check(devices, formats=CHECK_FORMATS, progress=None) -> dict:
+def check(devices, formats=CHECK_FORMATS, progress=None, cases=None) -> dict:
     """The whole check: {"device", "platform", "formats": {name: {class: None | diff}},
     "kernels": the same for the Mosaic codec, "gpu_kernels" for the GPU codec, "all_reduce":
-    {case: None | diff}, "equal"}. `progress(message)`, if given, hears of each part (a
+    {case: None | diff} of `cases` (default `REDUCE_CASES`; `reduce_cases(formats)` picks
+    those of some formats), "equal"}. `progress(message)`, if given, hears of each part (a
     format's data classes, a codec's kernels for one format, an all_reduce case) as it
     starts."""
     from ..kernels.gpu import FORMATS as GPU_FORMATS
@@ -251,7 +258,7 @@ def check(devices, formats=CHECK_FORMATS, progress=None) -> dict:
               "gpu_kernels": {name: told(f"{name}: the GPU codec's kernels",
                                          lambda name=name: check_kernels(name, "gpu"))
                               for name in formats if name in GPU_FORMATS},
-              "all_reduce": check_all_reduce(devices, progress),
+              "all_reduce": check_all_reduce(devices, progress, cases),
               "reduce_devices": f"{len(devices)} {devices[0].platform} devices"}
     result["equal"] = all(v is None for part in ("formats", "kernels", "gpu_kernels")
                           for f in result[part].values() for v in f.values()) \
