@@ -317,7 +317,7 @@ def test_cli_check_covers_the_gpu_codec(capsys, monkeypatch):
 @pytest.mark.slow
 def test_cli_check_covers_stochastic_rounding(capsys, monkeypatch):
     """The stochastic-rounding path is checked too: with the f32-scale decision broken (every
-    value rounded down), the check fails and names that path. `quantize._at_least` decides
+    value rounded down), the check fails and names that path. `rounding._at_least` decides
     for f32 scales only: of the check formats only int8/f32 can fail by it, and it alone is
     checked (`--formats int8/f32`)."""
     from equarx_ref.runs import check
