@@ -178,8 +178,13 @@ def _bits(a):
 
 def _check(name, mode, kinds):
     """Quantize the chosen kinds of data with the package (jit or eager) and the reference:
-    a list of readable differences (empty when bitwise equal), and the package's dequantized
-    values and stored scales of the chosen blocks.
+    a list of readable differences (empty when bitwise equal). (test_float_env.py uses it.)"""
+    return _compare(name, mode, kinds)[0]
+
+
+def _compare(name, mode, kinds):
+    """`_check`'s differences, and the package's dequantized values and stored scales of the
+    chosen blocks.
 
     The blocks are padded with all-zero blocks to as many as the REGULAR kinds have (507, an
     odd count: the message pads them to whole rows for every G > 1), so that every check of a
@@ -251,7 +256,7 @@ def _padded_blocks(name):
 @pytest.mark.parametrize("name,mode", [(n, m) for n in FORMATS for m in ("jit", "eager")]
                          + [(n, "jit") for n in JIT_ONLY])
 def test_bitwise_against_reference(name, mode):
-    errors, _, _ = _check(name, mode, REGULAR)
+    errors = _check(name, mode, REGULAR)
     assert not errors, "\n".join(errors)
 
 
@@ -260,7 +265,7 @@ def test_bitwise_against_reference(name, mode):
 def test_small_normal_blocks_follow_the_same_rules(name, mode):
     """Values between 1e-36 and 1e-31 are normal floats: the scale and rounding rules hold
     exactly there too (an exact comparison must not lose its difference to a flush to zero)."""
-    errors, _, _ = _check(name, mode, ["small normal"])
+    errors = _check(name, mode, ["small normal"])
     assert not errors, "\n".join(errors)
 
 
@@ -272,7 +277,7 @@ def test_blocks_near_f32_max_stay_within_the_bound(name):
     rule, values past elem_max s saturate by design: at most 1 - elem_max / 2^(emax_elem + 1)
     of them is lost (e4m3 12.5%, e2m1 25%). Under jit and eagerly, each bitwise and bounded."""
     for mode in ("jit", "eager"):
-        errors, y, scales = _check(name, mode, ["near max"])
+        errors, y, scales = _compare(name, mode, ["near max"])
         assert not errors, "\n".join(errors)
         _near_max_bound(name, y, scales)
 
@@ -309,7 +314,7 @@ def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
     every backend): scale 0 (E8M0: 2^-127), dequantized zeros, and (like an all-zero block) a
     zero payload. Just above it the usual rules, every dequantized value a normal f32; a
     subnormal input reads as a zero of its sign."""
-    errors, y, _ = _check(name, mode, ["tiny"])
+    errors, y, _ = _compare(name, mode, ["tiny"])
     assert not errors, "\n".join(errors)
     fmt = eq.Format.parse(name)
     x = dataset(name)["tiny"]
@@ -325,7 +330,7 @@ def test_tiny_blocks_get_a_zero_scale_and_a_zero_payload(name, mode):
 def test_non_finite_blocks(name, mode):
     """A NaN or inf makes the scale non-finite and every value non-finite; quantize.py
     documents that the payload of such a block is forced to 0."""
-    errors, _, _ = _check(name, mode, ["non-finite"])
+    errors = _check(name, mode, ["non-finite"])
     assert not errors, "\n".join(errors)
 
 
