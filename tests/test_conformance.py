@@ -213,17 +213,25 @@ def test_a_message_is_a_permutation_of_the_canonical_bytes(name):
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.slow
 def test_encoders_give_the_spec_bytes(name, jit):
-    """quantize+to_bytes (eager and jit) is the spec's canonical bytes, every class; and
-    `wire.encode` (jit, every class at once along a leading axis) is `spec.message` of the
-    spec's quantization."""
+    """quantize+to_bytes (eager and jit) is the spec's canonical bytes, every class (each
+    padded with zeros to whole blocks, then to the longest: one row each of one array, one
+    call); and `wire.encode` (jit, every class at once along a leading axis) is `spec.message`
+    of the spec's quantization."""
     def public(v, fmt):
         return wire.to_bytes(eq.quantize(v, fmt))
 
-    for cls in CLASSES:
-        fmt, padded, q = _spec(name, cls)
-        run = jax.jit(public, static_argnums=1) if jit else public
-        _same_bytes(run(jnp.asarray(padded), fmt), spec.canonical_bytes(q), spec.fixed_bytes(q),
-                    f"quantize+to_bytes {name} {cls}")
+    fmt = eq.Format.parse(name)
+    blocks = [_spec(name, cls)[1] for cls in CLASSES]
+    x = np.zeros((len(blocks), max(b.size for b in blocks)), np.float32)
+    for k, b in enumerate(blocks):
+        x[k, :b.size] = b
+    q = _quantized(x, fmt)  # whole blocks: a row's blocks are its class's, then zero blocks
+    run = jax.jit(public, static_argnums=1) if jit else public
+    got = np.asarray(run(jnp.asarray(x), fmt)).reshape(len(CLASSES), -1)
+    want, fixed = (a.reshape(len(CLASSES), -1) for a in (spec.canonical_bytes(q),
+                                                          spec.fixed_bytes(q)))
+    for k, cls in enumerate(CLASSES):
+        _same_bytes(got[k], want[k], fixed[k], f"quantize+to_bytes {name} {cls}")
     if jit:
         fmt = eq.Format.parse(name)
         rows = [_spec(name, cls, "row")[1] for cls in CLASSES]
@@ -352,28 +360,39 @@ TILE_CASES = [(name, np.float32) for name in KERNEL_FORMATS] + [
                          ids=[f"{n}-{'f32' if d is np.float32 else 'bf16'}" for n, d in TILE_CASES])
 @pytest.mark.slow
 def test_the_tile_code_gives_the_spec_bytes(name, dtype):
-    """`kernels.tiles` as XLA ops (jit), on two tiles of values in f32 and bf16: encode is
-    the spec's message, decode (to f32 and to the input dtype) its values, a hop (the message
-    plus local values, f32) the message of that sum, and reduce (three messages) of their
-    rank-order sum."""
-    fmt, rows = eq.Format.parse(name), XLA_ROWS
+    """`kernels.tiles` as XLA ops (jit, the operations of a case in one program), on two tiles
+    of values in f32 and bf16: encode is the spec's message, decode (to f32 and to the input
+    dtype) its values, a hop (the message plus local values, f32) the message of that sum,
+    and reduce (three messages) of their rank-order sum. Reduce takes messages only, the same
+    for either input dtype: the f32 case runs it (the bf16 case would repeat it exactly)."""
+    fmt, rows, dtype = eq.Format.parse(name), XLA_ROWS, np.dtype(dtype)
+    f32 = dtype == np.float32
+
+    def run(x, message, incoming, local, ranks):
+        out = {"encode": tiles.encode(x, fmt), "decode": tiles.decode(message, fmt),
+               "hop": tiles.hop(incoming, local, fmt)}
+        if not f32:
+            out["decode to dtype"] = tiles.decode(message, fmt, dtype)
+        if ranks:
+            out["reduce"] = tiles.reduce(ranks, fmt)
+        return out
+
     x = _as(_values(name, 0, rows), dtype)
-    got = jax.jit(tiles.encode, static_argnums=1)(jnp.asarray(x.astype(dtype)), fmt)
     q = _quantized(x, fmt)
-    _same_message(got, q, fmt, f"tiles.encode {name}")
-    decode = jax.jit(tiles.decode, static_argnums=(1, 2))
-    values = q.values.reshape(rows, 128)
-    _same_values(decode(_message_of(q, fmt), fmt, jnp.float32), values, f"tiles.decode {name}")
-    _same_values(decode(_message_of(q, fmt), fmt, jnp.dtype(dtype)), values.astype(dtype),
-                 f"tiles.decode to {jnp.dtype(dtype).name} {name}")
-    incoming, local, total = _hop_inputs(name, dtype, rows)
-    got = jax.jit(tiles.hop, static_argnums=2)(_message_of(_quantized(incoming, fmt), fmt),
-                                               jnp.asarray(local), fmt)
-    _same_message(got, _quantized(total, fmt), fmt, f"tiles.hop {name}")
+    incoming, local, hop_total = _hop_inputs(name, dtype, rows)
     ranks, total = _reduce_inputs(name, rows)
-    got = jax.jit(tiles.reduce, static_argnums=1)(
-        [_message_of(_quantized(v, fmt), fmt) for v in ranks], fmt)
-    _same_message(got, _quantized(total, fmt), fmt, f"tiles.reduce {name}")
+    got = jax.jit(run)(jnp.asarray(x.astype(dtype)), _message_of(q, fmt),
+                       _message_of(_quantized(incoming, fmt), fmt), jnp.asarray(local),
+                       [_message_of(_quantized(v, fmt), fmt) for v in ranks] if f32 else [])
+    _same_message(got["encode"], q, fmt, f"tiles.encode {name}")
+    values = q.values.reshape(rows, 128)
+    _same_values(got["decode"], values, f"tiles.decode {name}")
+    if not f32:
+        _same_values(got["decode to dtype"], values.astype(dtype),
+                     f"tiles.decode to {dtype.name} {name}")
+    _same_message(got["hop"], _quantized(hop_total, fmt), fmt, f"tiles.hop {name}")
+    if f32:
+        _same_message(got["reduce"], _quantized(total, fmt), fmt, f"tiles.reduce {name}")
 
 
 def test_the_tile_code_takes_a_short_last_tile():
@@ -384,14 +403,14 @@ def test_the_tile_code_takes_a_short_last_tile():
     assert codec.takes(fmt, rows * 128) and codec.tile_rows(rows) == rows
     x = _values("int8", 0, rows)
     q = _quantized(x, fmt)
-    _same_message(jax.jit(tiles.encode, static_argnums=1)(jnp.asarray(x), fmt), q, fmt,
-                  "tiles.encode of 144 rows")
-    _same_values(jax.jit(tiles.decode, static_argnums=1)(_message_of(q, fmt), fmt),
-                 q.values.reshape(rows, 128), "tiles.decode of 144 rows")
     incoming, local, total = _hop_inputs("int8", np.float32, rows)
-    got = jax.jit(tiles.hop, static_argnums=2)(_message_of(_quantized(incoming, fmt), fmt),
-                                               jnp.asarray(local), fmt)
-    _same_message(got, _quantized(total, fmt), fmt, "tiles.hop of 144 rows")
+    encoded, decoded, hopped = jax.jit(lambda x, m, i, v: (  # one program
+        tiles.encode(x, fmt), tiles.decode(m, fmt), tiles.hop(i, v, fmt)))(
+        jnp.asarray(x), _message_of(q, fmt), _message_of(_quantized(incoming, fmt), fmt),
+        jnp.asarray(local))
+    _same_message(encoded, q, fmt, "tiles.encode of 144 rows")
+    _same_values(decoded, q.values.reshape(rows, 128), "tiles.decode of 144 rows")
+    _same_message(hopped, _quantized(total, fmt), fmt, "tiles.hop of 144 rows")
 
 
 def _stack(qs, fmt) -> Message:
@@ -402,24 +421,24 @@ def _stack(qs, fmt) -> Message:
 @pytest.mark.parametrize("name", KERNEL_FORMATS)
 @pytest.mark.slow
 def test_mosaic_kernels_give_the_spec_bytes(name):
-    """`kernels.codec` (TPU interpret mode) on messages of three tiles: encode (f32 values)
-    is the spec's message, decode its values, a hop (bf16 local values, as impl="mosaic"
-    hands them over) the message of the sum, and two-shot's reduce (three messages) the
-    message of their rank-order sum."""
+    """`kernels.codec` (TPU interpret mode, the four kernels under one jit) on messages of
+    three tiles: encode (f32 values) is the spec's message, decode its values, a hop (bf16
+    local values, as impl="mosaic" hands them over) the message of the sum, and two-shot's
+    reduce (three messages) the message of their rank-order sum."""
     fmt = eq.Format.parse(name)
     x = _values(name)
     q = _quantized(x, fmt)
-    _same_message(codec.encode(jnp.asarray(x), fmt, interpret=True), q, fmt,
-                  f"codec.encode {name}")
-    _same_values(codec.decode(_message_of(q, fmt), fmt, interpret=True),
-                 q.values.reshape(ROWS, 128), f"codec.decode {name}")
-    incoming, local, total = _hop_inputs(name, ml_dtypes.bfloat16)
-    got = codec.hop(_message_of(_quantized(incoming, fmt), fmt), jnp.asarray(local), fmt,
-                    interpret=True)
-    _same_message(got, _quantized(total, fmt), fmt, f"codec.hop {name}")
+    incoming, local, hop_total = _hop_inputs(name, ml_dtypes.bfloat16)
     ranks, total = _reduce_inputs(name)
-    got = codec.reduce(_stack([_quantized(v, fmt) for v in ranks], fmt), fmt, interpret=True)
-    _same_message(got, _quantized(total, fmt), fmt, f"codec.reduce {name}")
+    encoded, decoded, hopped, reduced = jax.jit(lambda x, m, i, v, s: (
+        codec.encode(x, fmt, interpret=True), codec.decode(m, fmt, interpret=True),
+        codec.hop(i, v, fmt, interpret=True), codec.reduce(s, fmt, interpret=True)))(
+        jnp.asarray(x), _message_of(q, fmt), _message_of(_quantized(incoming, fmt), fmt),
+        jnp.asarray(local), _stack([_quantized(v, fmt) for v in ranks], fmt))
+    _same_message(encoded, q, fmt, f"codec.encode {name}")
+    _same_values(decoded, q.values.reshape(ROWS, 128), f"codec.decode {name}")
+    _same_message(hopped, _quantized(hop_total, fmt), fmt, f"codec.hop {name}")
+    _same_message(reduced, _quantized(total, fmt), fmt, f"codec.reduce {name}")
 
 
 @pytest.mark.parametrize("name", IN_PLACE_FORMATS)
@@ -429,7 +448,8 @@ def test_mosaic_kernels_read_and_write_in_place(name):
     names: bf16 source rows [4 chunks of 128, 128] read from `first_row` (traced, (i, a)),
     `count` chunks `stride` rows apart, into a `stacked` result or over chunks of a larger
     message (`into`, the rest of it kept); a hop the same way, and into a new stack; decode of
-    a stack in `order`, to bf16, and over rows c b + o of a larger array (`into`, the rest kept)."""
+    a stack in `order`, to bf16, and over rows c b + o of a larger array (`into`, the rest kept).
+    The six kernel calls run under one jit."""
     fmt = eq.Format.parse(name)
     c_rows = 128
     source = _values(name, 7, 4 * c_rows).astype(ml_dtypes.bfloat16)
@@ -437,61 +457,68 @@ def test_mosaic_kernels_read_and_write_in_place(name):
     chunk = [src[c * c_rows:(c + 1) * c_rows] for c in range(4)]
     other = [_quantized(v, fmt) for v in np.split(_values(name, 13, 4 * c_rows), 4)]
     kw = {"interpret": True}
-
-    # encode chunks 1 and 3, read where they lie, as a stack
-    got = jax.jit(lambda s, i: codec.encode(s, fmt, rows=c_rows, count=2, first_row=(i, c_rows),
-                                            stride=2 * c_rows, stacked=True, **kw))(
-        jnp.asarray(source), jnp.int32(1))
-    assert got.payload.shape[0] == 2
-    for k, c in enumerate((1, 3)):
-        _same_message(jax.tree.map(lambda a, k=k: a[k], got), _quantized(chunk[c], fmt), fmt,
-                      f"encode stacked chunk {c} {name}")
-    # encode chunk 2 over chunk 1 of a flat message of 4 chunks; the others are kept
     flat = Message(*(jnp.asarray(np.concatenate(a, axis=-1)) for a in zip(
-        *[spec.message(o, fmt) for o in other], strict=True)))
-    got = jax.jit(lambda s, i, t: codec.encode(s, fmt, rows=c_rows, first_row=(i, c_rows),
-                                               into=(t, 1), **kw))(
-        jnp.asarray(source), jnp.int32(2), flat)
+        *[spec.message(o, fmt) for o in other], strict=True)))  # 4 chunks' messages, flat
+    incoming = _stack(other[:2], fmt)  # two chunks' messages, stacked
+    stack = _stack(other, fmt)  # all four, stacked
+    order = (2, 0, 3, 1)
+    target = np.full((4 * 2 * c_rows, 128), 7.0, np.float32)
+
+    def run(s, one, two, flat, incoming, stack, target):  # every kernel call, one program
+        got = {}
+        # encode chunks 1 and 3, read where they lie (first_row traced), as a stack
+        got["encode stacked"] = codec.encode(s, fmt, rows=c_rows, count=2,
+                                             first_row=(one, c_rows), stride=2 * c_rows,
+                                             stacked=True, **kw)
+        # encode chunk 2 over chunk 1 of a flat message of 4 chunks; the others are kept
+        got["encode into"] = codec.encode(s, fmt, rows=c_rows, first_row=(two, c_rows),
+                                          into=(flat, 1), **kw)
+        # hop: the stacked messages of two chunks plus chunks 0 and 2 of the source
+        got["hop stacked"] = codec.hop(incoming, s, fmt, first_row=(jnp.int32(0), c_rows),
+                                       stride=2 * c_rows, stacked=True, **kw)
+        # the two chunks' messages side by side (flat, count=2), written as messages 1 and 2
+        # of a new stack of 4
+        side = jax.tree.map(lambda a: jnp.concatenate([a[0], a[1]], axis=-1), incoming)
+        got["hop into"] = codec.hop(side, s, fmt, count=2, first_row=(jnp.int32(1), c_rows),
+                                    stacked=True, into=(4, 1), **kw)
+        # decode a stack of 4 in order, to bf16, and over rows c 256 + 128 of a larger array
+        got["decode in order"] = codec.decode(stack, fmt, "bfloat16", order=order, **kw)
+        got["decode into"] = codec.decode(stack, fmt, order=order,
+                                          into=(target, 2 * c_rows, c_rows), **kw)
+        return got
+
+    got = jax.jit(run)(jnp.asarray(source), jnp.int32(1), jnp.int32(2), flat, incoming, stack,
+                       jnp.asarray(target))
+
+    assert got["encode stacked"].payload.shape[0] == 2
+    for k, c in enumerate((1, 3)):
+        _same_message(jax.tree.map(lambda a, k=k: a[k], got["encode stacked"]),
+                      _quantized(chunk[c], fmt), fmt, f"encode stacked chunk {c} {name}")
     want = [other[0], _quantized(chunk[2], fmt), other[2], other[3]]
     for c in range(4):
-        _same_message(jax.tree.map(lambda a, c=c: a[:, c * c_rows:(c + 1) * c_rows], got),
+        _same_message(jax.tree.map(lambda a, c=c: a[:, c * c_rows:(c + 1) * c_rows],
+                                   got["encode into"]),
                       want[c], fmt, f"encode into chunk {c} {name}")
-
-    # hop: the stacked messages of two chunks plus chunks 0 and 2 of the source
-    incoming = _stack(other[:2], fmt)
 
     def hop_sum(q, c):
         with np.errstate(invalid="ignore", over="ignore"):
             return _quantized((q.values.reshape(c_rows, 128) + _flush(chunk[c])).astype(
                 np.float32), fmt)
 
-    got = codec.hop(incoming, jnp.asarray(source), fmt, first_row=(jnp.int32(0), c_rows),
-                    stride=2 * c_rows, stacked=True, **kw)
     for k, c in enumerate((0, 2)):
-        _same_message(jax.tree.map(lambda a, k=k: a[k], got), hop_sum(other[k], c), fmt,
-                      f"hop stacked chunk {c} {name}")
-    # the two chunks' messages side by side (flat, count=2), written as messages 1 and 2 of
-    # a new stack of 4
-    side = jax.tree.map(lambda a: jnp.concatenate([a[0], a[1]], axis=-1), incoming)
-    got = codec.hop(side, jnp.asarray(source), fmt, count=2, first_row=(jnp.int32(1), c_rows),
-                    stacked=True, into=(4, 1), **kw)
-    assert got.payload.shape[0] == 4
+        _same_message(jax.tree.map(lambda a, k=k: a[k], got["hop stacked"]),
+                      hop_sum(other[k], c), fmt, f"hop stacked chunk {c} {name}")
+    assert got["hop into"].payload.shape[0] == 4
     for k, c in enumerate((1, 2)):
-        _same_message(jax.tree.map(lambda a, k=k: a[k + 1], got), hop_sum(other[k], c), fmt,
-                      f"hop into a new stack, chunk {c} {name}")
+        _same_message(jax.tree.map(lambda a, k=k: a[k + 1], got["hop into"]),
+                      hop_sum(other[k], c), fmt, f"hop into a new stack, chunk {c} {name}")
 
-    # decode a stack of 4 in order, to bf16, and over rows c 256 + 128 of a larger array
-    stack = _stack(other, fmt)
-    order = (2, 0, 3, 1)
     want = np.concatenate([other[o].values.reshape(c_rows, 128) for o in order])
-    _same_values(codec.decode(stack, fmt, "bfloat16", order=order, **kw),
-                 want.astype(ml_dtypes.bfloat16), f"decode in order to bf16 {name}")
-    target = np.full((4 * 2 * c_rows, 128), 7.0, np.float32)
-    got = jax.jit(lambda t, m: codec.decode(m, fmt, order=order, into=(t, 2 * c_rows, c_rows),
-                                            **kw))(jnp.asarray(target), stack)
+    _same_values(got["decode in order"], want.astype(ml_dtypes.bfloat16),
+                 f"decode in order to bf16 {name}")
     for k in range(4):
         target[(2 * k + 1) * c_rows:(2 * k + 2) * c_rows] = want[k * c_rows:(k + 1) * c_rows]
-    _same_values(got, target, f"decode in order into rows c 256 + 128 {name}")
+    _same_values(got["decode into"], target, f"decode in order into rows c 256 + 128 {name}")
 
 
 def test_the_kernels_take_what_the_tile_code_takes():

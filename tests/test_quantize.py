@@ -36,20 +36,31 @@ FORMATS = {
 
 
 @functools.cache
+def _codec(fmt):
+    """jit: x -> (dequantize(quantize(x)), each block's scale as f32): one program for both, so
+    a test that needs the values and their bound compiles once per shape."""
+    def run(x):
+        q = eq.quantize(x, fmt)
+        return eq.dequantize(q), apply_scale(jnp.ones((*q.payload.shape[:-1], 1)), q.scales,
+                                             fmt)[:, 0]
+    return jax.jit(run)
+
+
 def _roundtrip(fmt):
-    return jax.jit(lambda x: eq.dequantize(eq.quantize(x, fmt)))
+    return lambda x: _codec(fmt)(x)[0]
 
 
 @functools.cache
-def _scales_fn(fmt):
-    def scales(x):
+def _wire(fmt):
+    """jit: x -> (quantize(x), to_bytes of it, dequantize of it)."""
+    def run(x):
         q = eq.quantize(x, fmt)
-        return apply_scale(jnp.ones((*q.payload.shape[:-1], 1)), q.scales, fmt)[:, 0]
-    return jax.jit(scales)
+        return q, to_bytes(q), eq.dequantize(q)
+    return jax.jit(run)
 
 
 def _block_scales(x, fmt):
-    return np.repeat(np.asarray(_scales_fn(fmt)(x)), fmt.block_size)[: x.size]
+    return np.repeat(np.asarray(_codec(fmt)(x)[1]), fmt.block_size)[: x.size]
 
 
 def _error_bound(x, fmt):
@@ -195,17 +206,17 @@ def test_zero_nan_inf_blocks(name):
     assert np.all(np.abs(y[96:] - x[96:]) <= _error_bound(jnp.asarray(x), fmt)[96:] * 1.000001)
 
 
-@pytest.mark.slow
 def test_tiny_blocks_read_as_zeros_documented():
     """amax below the format's tiny threshold (int8: 2^-119, about 1.5e-36; mxfp8: 2^-108,
-    about 3.1e-33): the block reads 0, for bf16 and E8M0 scales alike."""
+    about 3.1e-33): the block reads 0 and its payload is zeros, for bf16 and E8M0 scales
+    alike (under jit; eagerly too: test_reference.py's tiny blocks)."""
     x = jnp.full((32,), 1e-37, jnp.float32)
     for fmt in (eq.Format.int8(), eq.Format.mxfp8()):
-        q = eq.quantize(x, fmt)
-        np.testing.assert_array_equal(np.asarray(eq.dequantize(q)), 0.0)
+        q, _, y = _wire(fmt)(x)
+        np.testing.assert_array_equal(np.asarray(y), 0.0)
         np.testing.assert_array_equal(np.asarray(q.payload), 0)
-    y = np.asarray(_roundtrip(eq.Format.int8())(jnp.full((32,), 2.0**-118, jnp.float32)))
-    assert np.allclose(y, 2.0**-118, rtol=2**-7)  # one binade above: kept
+    _, _, y = _wire(eq.Format.int8())(jnp.full((32,), 2.0**-118, jnp.float32))
+    assert np.allclose(np.asarray(y), 2.0**-118, rtol=2**-7)  # one binade above: kept
 
 
 def test_large_values_do_not_overflow():
@@ -222,27 +233,32 @@ def test_integer_input_refused():
 
 @pytest.mark.slow
 def test_wire_layout_and_packing():
+    """quantize's payload is uint8, 4-bit elements packed two to a byte; to_bytes is q.nbytes
+    bytes, fmt.nbytes(150) for 150 values (a partial last block); from_bytes reads back the
+    same values. Under jit (quantize, to_bytes, dequantize in one program; from_bytes and
+    dequantize in another); eagerly: test_stacked_buffers_dequantize_with_their_leading_axes
+    and test_reference.py."""
+    x = jax.random.normal(jax.random.key(2), (3, 50))
     for fmt in FORMATS.values():
-        x = jax.random.normal(jax.random.key(2), (3, 50))
-        q = eq.quantize(x, fmt)
+        q, buf, y = _wire(fmt)(x)
         blocks = -(-150 // fmt.block_size)
         assert q.payload.dtype == jnp.uint8
         assert q.payload.shape == (blocks, fmt.block_size * fmt.elem_bits // 8)  # 4-bit: packed
-        buf = to_bytes(q)
         assert buf.shape == (blocks * fmt.bytes_per_block,) == (q.nbytes,)
-        back = from_bytes(buf, fmt, x.shape)
-        np.testing.assert_array_equal(eq.dequantize(back), eq.dequantize(q))
+        back = jax.jit(lambda b, fmt=fmt: eq.dequantize(from_bytes(b, fmt, x.shape)))(buf)
+        np.testing.assert_array_equal(back, y)
         assert fmt.nbytes(150) == buf.size
     with pytest.raises(ValueError, match="does not hold"):
         from_bytes(jnp.zeros(7, jnp.uint8), eq.Format.int8(), (32,))
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
-@pytest.mark.slow
 def test_message_layout_is_the_quantized_blocks_transposed(name):
     """`encode` of rows [3, m]: payload uint8 [3, G PB, R] and scale bits [3, G, R], block
     r G + j in lane r of slot j (payload[j PB + i, r] = byte i of its payload), the very
-    blocks `quantize` makes; `decode` gives `dequantize`'s values; messages are whole rows."""
+    blocks `quantize` makes; `decode` gives `dequantize`'s values; messages are whole rows.
+    Each under jit, three programs a format: encode, quantize + dequantize of each row, and
+    decode."""
     fmt = FORMATS[name]
     g, pb = fmt.blocks_per_row, fmt.payload_bytes_per_block
     assert fmt.row == (128 if 128 % fmt.block_size == 0 else fmt.block_size) == g * fmt.block_size
@@ -256,17 +272,19 @@ def test_message_layout_is_the_quantized_blocks_transposed(name):
     assert message.scales.dtype == bits and message.scales.shape == (3, g, rows)
     assert wire.message_shapes(m, fmt) == ((g * pb, rows), (g, rows))
     payload, scales = np.asarray(message.payload), np.asarray(message.scales)
-    for k in range(3):
-        q = eq.quantize(x[k], fmt)
-        qp, qs = np.asarray(q.payload), np.asarray(q.scales).view(bits)
+    quantized = jax.jit(lambda x: [(q, eq.dequantize(q)) for q in (
+        eq.quantize(x[k], fmt) for k in range(3))])(x)
+    decoded = np.asarray(jax.jit(decode, static_argnums=(1, 2))(message, fmt, m))
+    for k, (q, values) in enumerate(quantized):
+        qp, qs, values = np.asarray(q.payload), np.asarray(q.scales).view(bits), \
+            np.asarray(values)
         for r in range(rows):
             for j in range(g):
                 block = r * g + j
                 np.testing.assert_array_equal(payload[k, j * pb:(j + 1) * pb, r], qp[block])
                 assert scales[k, j, r] == qs[block] or not np.isfinite(
-                    np.asarray(eq.dequantize(q))[block * fmt.block_size]), (k, r, j)
-        np.testing.assert_array_equal(np.asarray(decode(message, fmt, m))[k],
-                                      np.asarray(eq.dequantize(q)))
+                    values[block * fmt.block_size]), (k, r, j)
+        np.testing.assert_array_equal(decoded[k], values)
     assert not payload[1, :pb, 0].any()
     with pytest.raises(ValueError, match="whole rows"):
         encode(x[:, :m - fmt.block_size], fmt) if g > 1 else wire.message_shapes(m - 1, fmt)
@@ -305,12 +323,12 @@ def test_unquantized_messages_are_the_raw_bits(dtype):
 
 
 @pytest.mark.parametrize("name", ["int4", "fp4_e2m1", "mxfp4"])
-@pytest.mark.slow
 def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
     """`decode` unpacks 4-bit elements in uint8 on the XLA path, the TPU kernels' tile code
     (`kernels.tiles`) widened to int32 down sublanes: every payload byte (every nibble pair)
     and scale must give the same values, which are `dequantize` of the same blocks read
-    from their canonical bytes (the message is a permutation of them: `spec.from_message`)."""
+    from their canonical bytes (the message is a permutation of them: `spec.from_message`).
+    Each under jit."""
     from equarx_ref import spec
     from equarx_ref.kernels import tiles
 
@@ -318,56 +336,61 @@ def test_four_bit_decode_is_the_same_in_bytes_and_in_32_bit_words(name):
     rng = np.random.default_rng(5)
     m = 8 * 128  # 8 rows of a message
     x = jnp.asarray(rng.standard_normal((3, m), dtype=np.float32))
-    message = encode(x, fmt)
+    message = jax.jit(encode, static_argnums=1)(x, fmt)
     payload = rng.integers(0, 256, message.payload.shape).astype(np.uint8)
     payload[0, :fmt.payload_bytes_per_block, 0] = np.arange(fmt.payload_bytes_per_block) * 17
     payload[0, :, 1] = np.arange(payload.shape[1]) * 16 + 15  # block 4: nibbles 15 / x0
     message = Message(jnp.asarray(payload), message.scales)
-    got = np.asarray(decode(message, fmt, m))
+    got = np.asarray(jax.jit(decode, static_argnums=(1, 2))(message, fmt, m))
+    from_canonical = jax.jit(lambda b: eq.dequantize(from_bytes(b, fmt, (m,))))
     for r in range(3):
-        row = Message(message.payload[r], message.scales[r])
+        row = Message(np.asarray(message.payload[r]), np.asarray(message.scales[r]))
         np.testing.assert_array_equal(
             np.asarray(jax.jit(tiles.decode, static_argnums=1)(row, fmt)).reshape(-1), got[r])
-        blocks, scale_bits = spec.from_message(np.asarray(row.payload), np.asarray(row.scales),
-                                               fmt)
+        blocks, scale_bits = spec.from_message(row.payload, row.scales, fmt)
         scale_bytes = scale_bits.view(np.uint8).reshape(len(scale_bits), -1)
         buf = jnp.asarray(np.concatenate([blocks, scale_bytes], axis=1).reshape(-1))
-        np.testing.assert_array_equal(np.asarray(eq.dequantize(from_bytes(buf, fmt, (m,)))),
-                                      got[r])
+        np.testing.assert_array_equal(np.asarray(from_canonical(buf)), got[r])
 
 
-@pytest.mark.slow
 def test_quantized_is_a_pytree_with_static_metadata():
-    q = eq.quantize(jax.random.normal(jax.random.key(4), (4, 16)), eq.Format.int4(block_size=8))
+    """A Quantized flattens to its arrays (payload, scales) and back with its static fields;
+    it comes out of jit (`_wire`) and goes into it as an argument: the static fields travel
+    in the tree, the arrays as data."""
+    x = jax.random.normal(jax.random.key(4), (4, 16))
+    fmt = eq.Format.int4(block_size=8)
+    q, _, want = _wire(fmt)(x)
     leaves, tree = jax.tree_util.tree_flatten(q)
     assert [leaf.dtype for leaf in leaves] == [jnp.uint8, jnp.bfloat16]
     back = jax.tree_util.tree_unflatten(tree, leaves)
-    assert (back.shape, back.dtype, back.fmt) == ((4, 16), "float32", q.fmt)
-    # through jit as an argument: the static fields travel in the tree, the arrays as data
-    np.testing.assert_array_equal(jax.jit(eq.dequantize)(q), eq.dequantize(q))
+    assert (back.shape, back.dtype, back.fmt) == ((4, 16), "float32", fmt)
+    np.testing.assert_array_equal(jax.jit(eq.dequantize)(back), want)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4/b16", "mxfp4", "fp8_e5m2/b64/f32"])
-@pytest.mark.slow
 def test_stacked_buffers_dequantize_with_their_leading_axes(name):
     """from_bytes of a [k, nbytes] buffer (what a gather brings) -> dequantize -> [k, *shape],
-    row i equal to the dequantized row i, under jit and vmap alike."""
+    row i equal to the dequantized row i (quantize, to_bytes, dequantize of each row under
+    jit), eagerly, under jit and under jit(vmap) alike; two leading axes give [k, 1, *shape]
+    (traced: the shape alone is asserted)."""
     fmt = eq.Format.parse(name)
     shape = (3, 50)  # 150 values: a partial last block
     xs = jax.random.normal(jax.random.key(6), (5, *shape))
-    bufs = jnp.stack([to_bytes(eq.quantize(x, fmt)) for x in xs])  # [5, nbytes]
+    rows = [_wire(fmt)(x) for x in xs]  # (q, to_bytes, dequantize) of each row
+    bufs = jnp.stack([buf for _, buf, _ in rows])  # [5, nbytes]
     assert bufs.shape == (5, fmt.nbytes(150))
     q = from_bytes(bufs, fmt, shape)
     assert q.payload.shape[0] == q.scales.shape[0] == 5
     y = np.asarray(eq.dequantize(q))
     assert y.shape == (5, *shape)
-    for x, row in zip(xs, y, strict=True):
-        np.testing.assert_array_equal(row, _roundtrip(fmt)(x))
+    for (_, _, want), row in zip(rows, y, strict=True):
+        np.testing.assert_array_equal(row, want)
     np.testing.assert_array_equal(jax.jit(eq.dequantize)(q), y)
-    per_row = jax.vmap(lambda b: eq.dequantize(from_bytes(b, fmt, shape)))(bufs)
+    per_row = jax.jit(jax.vmap(lambda b: eq.dequantize(from_bytes(b, fmt, shape))))(bufs)
     np.testing.assert_array_equal(per_row, y)
-    more = from_bytes(bufs.reshape(5, 1, -1), fmt, shape)  # two leading axes
-    assert eq.dequantize(more).shape == (5, 1, *shape)
+    more = jax.eval_shape(lambda b: eq.dequantize(from_bytes(b, fmt, shape)),
+                          bufs.reshape(5, 1, -1))  # two leading axes
+    assert more.shape == (5, 1, *shape)
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "mxfp8", "int4/b16"])
