@@ -26,10 +26,17 @@ def _mesh(shape):
     return eq.make_mesh(DEVICES[: int(np.prod(shape))], names, shape)
 
 
-@functools.cache
 def _compiled(shape, algorithm, fmt, num_chunks, x_shape, dtype, every_device=False):
     """jit(shard_map(all_reduce)) for inputs [p, *x_shape]; every_device: one row per device.
-    No size gate (min_bytes=0): the reference quantizes every message, short ones included."""
+    No size gate (min_bytes=0): the reference quantizes every message, short ones included.
+    Compiled once for each program: the tests that check one program's result and its bytes
+    share it."""
+    return _compile(tuple(shape), algorithm, fmt, num_chunks, tuple(x_shape), jnp.dtype(dtype),
+                    every_device)
+
+
+@functools.cache
+def _compile(shape, algorithm, fmt, num_chunks, x_shape, dtype, every_device):
     mesh = _mesh(shape)
     axis = mesh.axis_names if len(shape) == 2 else mesh.axis_names[0]
 

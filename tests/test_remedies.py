@@ -38,13 +38,19 @@ def _compiled(p, x_shape, every_device=False, stochastic=False, **options):
                                  check_vma=True))
 
 
-@functools.cache
 def _program(p, x_shape, dtype, every_device=False, stochastic=False, **options):
     """`_compiled` lowered and compiled for inputs [p, *x_shape] of `dtype`: what `run` runs,
     and whose HLO the byte counts read (one compile for both)."""
+    return _lowered(p, tuple(x_shape), jnp.dtype(dtype), every_device, stochastic,
+                    tuple(sorted(options.items())))
+
+
+@functools.cache
+def _lowered(p, x_shape, dtype, every_device, stochastic, options):
     args = [jax.ShapeDtypeStruct((p, *x_shape), dtype)] + ([jax.random.key(0)] if stochastic
                                                            else [])
-    return _compiled(p, x_shape, every_device, stochastic, **options).lower(*args).compile()
+    f = _compiled(p, x_shape, every_device, stochastic, **dict(options))
+    return f.lower(*args).compile()
 
 
 def run(x, *, key=None, every_device=False, **options):
