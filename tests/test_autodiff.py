@@ -328,8 +328,8 @@ def test_every_order_and_transformation_is_psums_or_refused(backward, check_vma)
 
     for name, build in {**HIGHER, **FORWARD}.items():
         # psum's result: computed once for each check_vma, shared by both backwards
-        want = _of_psum((f"order {name}", check_vma), lambda red, _, b=build: smap(
-            lambda v: b(red, v[0])[None], P(AX), check_vma), check_vma)
+        want = _of_psum((f"order {name}", check_vma), lambda red, c, b=build: smap(
+            lambda v: b(red, v[0])[None], P(AX), c), check_vma)
         if name in FORWARD and backward == "quantized" and not check_vma:
             with pytest.raises(TypeError, match=r"^all_reduce: forward-mode autodiff \(jax.jvp, "
                                r"jax.jacfwd, jax.linearize\) is not supported with "

@@ -1,8 +1,8 @@
 """The "#wrong" matrix: every format x algorithm pair, every device count and every length class
-(rotated over the cells rather than their full product: `_f32_cells`, `_16_bit_cells`; every
-pair of those axes still meets) x every input class, checked against a float64 reference with
-the documented policy, in the spirit of nccl-tests' #wrong column. A cell is wrong when any of
-these fails:
+(rotated over the cells rather than their full product: `_f32_cells`, where every pair of
+those axes still meets, and bf16/f16 inputs in `_16_bit_cells`) x every input class, checked
+against a float64 reference with the documented policy, in the spirit of nccl-tests' #wrong
+column. A cell is wrong when any of these fails:
 
 - error within the bound the quantizer guarantees: each quantization of a partial sum moves a
   value by at most half a grid step (ints: amax / (2 qmax), floats: 2^-(m+1) amax; an E8M0 scale
@@ -200,9 +200,9 @@ def test_f32_cells_cover_every_pair():
 
 def _16_bit_cells(fmt_name: str, dtype: str) -> list[tuple]:
     """p = 5, block + 1 values a device: psum (bf16 only) with both dtypes, and one other
-    algorithm for each (format, dtype), rotating with the format (bf16 takes algorithm k,
-    f16 algorithm k + 2 of the four, for the format's index k), so that every algorithm meets
-    both dtypes and each format two algorithms."""
+    algorithm for each (format, dtype), rotating with the format (of ring, bidir_ring,
+    two_shot, one_shot, bf16 takes number k and f16 number k + 2, mod 4, for the format's
+    index k), so that every algorithm meets both dtypes and each format two algorithms."""
     k, d = FORMATS.index(fmt_name), ["bfloat16", "float16"].index(dtype)
     algorithms = (["psum"] if fmt_name == "bf16" else []) + [ALGORITHMS[1 + (k + 2 * d) % 4]]
     return [(fmt_name, a, 5, _block(fmt_name) + 1, dtype) for a in algorithms]
