@@ -49,6 +49,35 @@ def rel(a, b):
 
 CASES = [(a, f) for a in ALGORITHMS for f in (None, INT8)] + [("psum", None)]
 
+#: First derivatives of a linear loss through a collective `red`, each a jitted function of X.
+DERIVATIVES = {
+    "inner_grad": lambda red, check_vma: smap(
+        lambda v: jax.grad(lambda v: jnp.sum(W * red(v[0])))(v), P(AX), check_vma),
+    "jvp": lambda red, check_vma: smap(
+        lambda v: jax.jvp(red, (v[0],), (2 * v[0] + 1,))[1], P(), check_vma),
+    "vjp": lambda red, check_vma: smap(
+        lambda v: jax.vjp(red, v[0])[1](W)[0][None], P(AX), check_vma),
+}
+
+
+def _outer(red, check_vma):
+    """value_and_grad of a linear loss of the collective's (replicated) result, outside
+    shard_map."""
+    return jax.jit(jax.value_and_grad(lambda x: jnp.sum(W * smap(lambda v: red(v[0]), P(),
+                                                                     check_vma)(x))))
+
+
+_PSUM_RESULTS = {}
+
+
+def _of_psum(key, build, check_vma):
+    """build(lax.psum, check_vma)(X) as NumPy: what the cases compare with, computed once for
+    each `key` and shared by them (psum's side does not depend on the case's collective)."""
+    if key not in _PSUM_RESULTS:
+        f = build(functools.partial(lax.psum, axis_name=AX), check_vma)
+        _PSUM_RESULTS[key] = jax.tree.map(np.asarray, f(X))
+    return _PSUM_RESULTS[key]
+
 
 def test_the_data_goes_quantized():
     """The tests below check what int8 does to derivatives: the default size gate must send
@@ -64,27 +93,14 @@ def test_the_data_goes_quantized():
 @pytest.mark.slow
 def test_derivatives_are_psums_exactly_where_unquantized(algorithm, fmt, check_vma):
     """The tangent is psum's tangent and the cotangent psum's cotangent, bitwise, whatever the
-    forward sends (a linear loss, so the forward's error cannot enter the gradient)."""
+    forward sends (a linear loss, so the forward's error cannot enter the gradient). psum's
+    side is computed once for each check_vma and shared by the cases."""
     mine = functools.partial(ar, fmt=fmt, algorithm=algorithm)
-    exact = functools.partial(lax.psum, axis_name=AX)
-
-    def inner_grad(red):
-        return smap(lambda v: jax.grad(lambda v: jnp.sum(W * red(v[0])))(v), P(AX), check_vma)
-
-    def jvp(red):
-        return smap(lambda v: jax.jvp(red, (v[0],), (2 * v[0] + 1,))[1], P(), check_vma)
-
-    def vjp(red):
-        return smap(lambda v: jax.vjp(red, v[0])[1](W)[0][None], P(AX), check_vma)
-
-    def outer(red):
-        return jax.jit(jax.value_and_grad(lambda x: jnp.sum(W * smap(lambda v: red(v[0]),
-                                                                         P(), check_vma)(x))))
-
-    for build in (inner_grad, jvp, vjp):
-        got, want = build(mine)(X), build(exact)(X)
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=build.__name__)
-    (v1, g1), (v2, g2) = outer(mine)(X), outer(exact)(X)
+    for name, build in DERIVATIVES.items():
+        got, want = build(mine, check_vma)(X), _of_psum((name, check_vma), build, check_vma)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
+    (v1, g1), (v2, g2) = _outer(mine, check_vma)(X), _of_psum(("outer", check_vma), _outer,
+                                                               check_vma)
     np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
     assert abs(float(v1) - float(v2)) <= 0.02 * float(jnp.sum(jnp.abs(W * X.sum(0))))
     if fmt is None:  # unquantized: the forward is the sum to f32 rounding
@@ -101,7 +117,7 @@ def test_gradient_within_the_error_model_where_the_forward_enters(algorithm, che
                                                        check_vma)(x) ** 2)))
 
     g = loss(functools.partial(ar, fmt=INT8, algorithm=algorithm))(X)
-    want = loss(functools.partial(lax.psum, axis_name=AX))(X)
+    want = _of_psum(("grad of sum(y^2)", check_vma), lambda red, _: loss(red), check_vma)
     bound = 1.5 * eq.predicted_relative_error(8, fmt=INT8, algorithm=algorithm)
     assert 0 < rel(g, want) < bound, (rel(g, want), bound)
 
@@ -311,7 +327,9 @@ def test_every_order_and_transformation_is_psums_or_refused(backward, check_vma)
         return np.asarray(smap(lambda v: build(red, v[0])[None], P(AX), check_vma)(X))
 
     for name, build in {**HIGHER, **FORWARD}.items():
-        want = run(build, _psum_or(None))
+        # psum's result: computed once for each check_vma, shared by both backwards
+        want = _of_psum((f"order {name}", check_vma), lambda red, c, b=build: smap(
+            lambda v: b(red, v[0])[None], P(AX), c), check_vma)
         if name in FORWARD and backward == "quantized" and not check_vma:
             with pytest.raises(TypeError, match=r"^all_reduce: forward-mode autodiff \(jax.jvp, "
                                r"jax.jacfwd, jax.linearize\) is not supported with "
@@ -398,12 +416,13 @@ def test_a_traced_key_does_not_leak_from_the_backward():
     seeded = eq.AllReduce(stochastic_seed=3, backward="quantized")
     by_seed = loss(lambda v, _k: seeded(v, AX))
     exact = np.asarray(jax.grad(loss(lambda v, _k: lax.psum(v, AX)))(X, key))
+    jitted = {}
     for f in (by_key, by_seed):
         eager = np.asarray(jax.grad(f)(X, key))
-        np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f))(X, key)), eager, rtol=1e-6)
+        jitted[f] = np.asarray(jax.jit(jax.grad(f))(X, key))
+        np.testing.assert_allclose(jitted[f], eager, rtol=1e-6)
         assert 0 < rel(eager, exact) < 0.05  # stochastic rounding, forward and backward
-    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(by_key))(X, key)),
-                               np.asarray(jax.jit(jax.grad(by_seed))(X, key)), rtol=1e-6)
+    np.testing.assert_allclose(jitted[by_key], jitted[by_seed], rtol=1e-6)
 
 
 def test_the_warning_points_at_the_callers_line_and_bf16_names_a_dtype():

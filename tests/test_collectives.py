@@ -26,10 +26,17 @@ def _mesh(shape):
     return eq.make_mesh(DEVICES[: int(np.prod(shape))], names, shape)
 
 
-@functools.cache
 def _compiled(shape, algorithm, fmt, num_chunks, x_shape, dtype, every_device=False):
     """jit(shard_map(all_reduce)) for inputs [p, *x_shape]; every_device: one row per device.
-    No size gate (min_bytes=0): the reference quantizes every message, short ones included."""
+    No size gate (min_bytes=0): the reference quantizes every message, short ones included.
+    Compiled once for each program: the tests that check one program's result and its bytes
+    share it."""
+    return _compile(tuple(shape), algorithm, fmt, num_chunks, tuple(x_shape), jnp.dtype(dtype),
+                    every_device)
+
+
+@functools.cache
+def _compile(shape, algorithm, fmt, num_chunks, x_shape, dtype, every_device):
     mesh = _mesh(shape)
     axis = mesh.axis_names if len(shape) == 2 else mesh.axis_names[0]
 
@@ -87,12 +94,17 @@ REFERENCE_CASES = [
 @pytest.mark.slow
 def test_bitwise_equal_to_the_numpy_reference(algorithm, shape, fmt, dtype, x_shape):
     """The documented semantics, step by step in NumPy with the reference quantizer: every
-    hop's quantization, f32 accumulation and rank-order sums, padding and the final cast."""
+    hop's quantization, f32 accumulation and rank-order sums, padding and the final cast. The
+    program that ran sends the bytes `wire_bytes` counts."""
     p = int(np.prod(shape))
     x = np.asarray(jax.random.normal(jax.random.key(p), (p, *x_shape), jnp.float32)
                    .astype(dtype))
     want = ref.all_reduce(x, eq.make_schedule(algorithm, shape), fmt)
     rows = run(x, algorithm, fmt=fmt, shape=shape, every_device=True)
+    hlo = _compiled(shape, algorithm, fmt, 1, x_shape, dtype, True).as_text()
+    assert sum(eq.hlo_wire_bytes(hlo, p).values()) == eq.wire_bytes(
+        int(np.prod(x_shape)), shape if len(shape) > 1 else p, fmt=fmt, algorithm=algorithm,
+        dtype=jnp.dtype(dtype).name, min_bytes=0)
     assert rows.shape == (p, *x_shape) and rows.dtype == dtype
     for d, got in enumerate(rows):
         diff = got.astype(np.float64) != want.astype(np.float64)
@@ -133,7 +145,8 @@ def test_psum_is_the_exact_sum_within_f32_rounding():
 
 
 def test_unquantized_bf16_ring_sends_two_bytes_a_value():
-    hlo = _compiled((8,), "ring", None, 1, (4096,), jnp.bfloat16).as_text()
+    """(every_device: the program the bf16 reference case runs)"""
+    hlo = _compiled((8,), "ring", None, 1, (4096,), jnp.bfloat16, True).as_text()
     assert sum(eq.hlo_wire_bytes(hlo, 8).values()) == 2 * 7 / 8 * 4096 * 2
 
 
@@ -153,8 +166,13 @@ def error_and_standard_error(y, x, slices=64):
     return float(np.sqrt(ratio)), float(np.sqrt(ratio) * se_ratio / ratio / 2)
 
 
-ERROR_CASES = ([(a, p, INT8) for a in QUANTIZED for p in (2, 3, 5, 8)]
-               + [(a, s, INT8) for a in ("ring", "bidir_ring") for s in ((2, 2), (2, 4), (4, 2))]
+# int8: each algorithm on two device counts and each count under two algorithms (rotating:
+# algorithm i takes counts i and i + 1 of [8, 2, 3, 5]); each torus shape with int8 (ring on
+# two, bidir_ring on two); int4 on every algorithm, 1D and torus.
+ERROR_CASES = ([(a, p, INT8) for i, a in enumerate(QUANTIZED)
+                for p in ([8, 2, 3, 5] * 2)[i:i + 2]]
+               + [("ring", (2, 2), INT8), ("ring", (4, 2), INT8), ("bidir_ring", (2, 4), INT8),
+                  ("bidir_ring", (2, 2), INT8)]
                + [("ring", 8, eq.Format.int4()), ("two_shot", 5, eq.Format.int4()),
                   ("one_shot", 3, eq.Format.int4()), ("ring", (4, 2), eq.Format.int4()),
                   ("bidir_ring", (2, 4), eq.Format.int4())])
@@ -230,20 +248,29 @@ def test_bitwise_identical_on_every_device_and_deterministic(algorithm):
                                                   ("bidir_ring", 3)])
 @pytest.mark.slow
 def test_pipelining_is_bitwise_equal(algorithm, num_chunks):
+    """int8, 5000 f32 values a device: the pipelined result is the unpipelined one bitwise, and
+    both programs send the bytes `wire_bytes` counts (the int8 cases of the byte check)."""
     x = gaussian(8, 5000, seed=4)
     np.testing.assert_array_equal(run(x, algorithm, num_chunks=num_chunks), run(x, algorithm))
+    for k in (1, num_chunks):
+        hlo = _compiled((8,), algorithm, INT8, k, (5000,), jnp.float32).as_text()
+        counted = eq.hlo_wire_bytes(hlo, 8)
+        assert sum(counted.values()) == eq.wire_bytes(
+            5000, 8, fmt=INT8, algorithm=algorithm, num_chunks=k, min_bytes=0), (k, counted)
+        assert "all-reduce" not in counted
 
 
 @pytest.mark.parametrize("algorithm", QUANTIZED)
 @pytest.mark.slow
 def test_zeros_nan_and_huge_values(algorithm):
-    np.testing.assert_array_equal(run(np.zeros((8, 512), np.float32), algorithm), 0.0)
-    x = np.array(gaussian(8, 512, seed=6))
+    """(1000 values a device: the programs of the test above)"""
+    np.testing.assert_array_equal(run(np.zeros((8, 1000), np.float32), algorithm), 0.0)
+    x = np.array(gaussian(8, 1000, seed=6))
     x[3, 5] = np.nan  # block 0 of chunk 0
     y = run(x, algorithm)
     assert not np.isfinite(y[:32]).any(), "the NaN's block must be non-finite"
     assert np.isfinite(y[32:]).all(), "a NaN must not spread beyond its block"
-    huge = np.asarray(gaussian(8, 512, seed=7)) * np.float32(2e37)  # sums stay below f32 max
+    huge = np.asarray(gaussian(8, 1000, seed=7)) * np.float32(2e37)  # sums stay below f32 max
     want = ref.all_reduce(huge, eq.make_schedule(algorithm, (8,)), INT8)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(run(huge, algorithm), want)
@@ -275,15 +302,26 @@ def test_bad_input_is_refused_clearly():
 
 # ---- bytes: the model equals what the compiled program sends --------------------------------
 
-FORMATS = [None, INT8, eq.Format.int4(), eq.Format.fp8_e4m3(), eq.Format.mxfp4(),
-           eq.Format.parse("int8/b8/f32")]
+# bf16 inputs of 3000 values on 8 devices: each format unpipelined (the algorithms rotating)
+# and the pipelined ring on each kind of wire layout: raw bf16, 4-bit packed with E8M0 scales,
+# f32 scales on blocks of 8. Elsewhere: int8 on every pipelining
+# (test_pipelining_is_bitwise_equal), every reference case's program
+# (test_bitwise_equal_to_the_numpy_reference), and test_wrong.py's every format but
+# int8/b8/f32 with every algorithm, unpipelined, at several device counts and lengths.
+BYTES_CASES = [
+    (None, "ring", 1), (eq.Format.int4(), "bidir_ring", 1), (eq.Format.fp8_e4m3(), "two_shot", 1),
+    (eq.Format.mxfp4(), "one_shot", 1), (eq.Format.parse("int8/b8/f32"), "bidir_ring", 1),
+    (eq.Format.parse("int8/b8/f32"), "two_shot", 1),
+    (None, "ring", 3), (eq.Format.mxfp4(), "ring", 3), (eq.Format.parse("int8/b8/f32"), "ring", 3),
+]
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=eq.format_label)
-@pytest.mark.parametrize("algorithm,num_chunks", [("ring", 1), ("ring", 3), ("bidir_ring", 1),
-                                                  ("two_shot", 1), ("one_shot", 1)])
+@pytest.mark.parametrize("fmt,algorithm,num_chunks", BYTES_CASES,
+                         ids=[f"{a}-{k}-{eq.format_label(f)}" for f, a, k in BYTES_CASES])
 @pytest.mark.slow
 def test_wire_bytes_equal_compiled_hlo(algorithm, fmt, num_chunks):
+    """The bytes of the compiled program are `wire_bytes`, and no psum hides in it
+    (`BYTES_CASES`: rotated, see above)."""
     n = 3000
     hlo = _compiled((8,), algorithm, fmt, num_chunks, (n,), jnp.bfloat16).as_text()
     counted = eq.hlo_wire_bytes(hlo, 8)

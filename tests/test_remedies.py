@@ -15,6 +15,7 @@ import equarx_ref as eq
 from conftest import DEVICES
 from equarx_ref import spec as ref
 from equarx_ref.models import hops
+from equarx_ref.models.predict import quantizing_saves_bytes
 from equarx_ref.remedies import rotation
 from equarx_ref.wire import decode, encode
 
@@ -37,9 +38,24 @@ def _compiled(p, x_shape, every_device=False, stochastic=False, **options):
                                  check_vma=True))
 
 
+def _program(p, x_shape, dtype, every_device=False, stochastic=False, **options):
+    """`_compiled` lowered and compiled for inputs [p, *x_shape] of `dtype`: what `run` runs,
+    and whose HLO the byte counts read (one compile for both)."""
+    return _lowered(p, tuple(x_shape), jnp.dtype(dtype), every_device, stochastic,
+                    tuple(sorted(options.items())))
+
+
+@functools.cache
+def _lowered(p, x_shape, dtype, every_device, stochastic, options):
+    args = [jax.ShapeDtypeStruct((p, *x_shape), dtype)] + ([jax.random.key(0)] if stochastic
+                                                           else [])
+    f = _compiled(p, x_shape, every_device, stochastic, **dict(options))
+    return f.lower(*args).compile()
+
+
 def run(x, *, key=None, every_device=False, **options):
     x = jnp.asarray(x)
-    f = _compiled(x.shape[0], x.shape[1:], every_device, key is not None, **options)
+    f = _program(x.shape[0], x.shape[1:], x.dtype, every_device, key is not None, **options)
     return np.asarray(f(x) if key is None else f(x, key))
 
 
@@ -77,11 +93,13 @@ def test_stochastic_rounding_is_unbiased(algorithm):
 @pytest.mark.slow
 def test_stochastic_rounding_within_one_step():
     """Each quantization: |x' - x| < one step (integers: the scale; floats: one ULP of the
-    element at that value, here bounded by the block's largest step)."""
+    element at that value, here bounded by the block's largest step). The codec is jitted,
+    one program a format, run with 4 keys."""
     x = jax.random.normal(jax.random.key(0), (64, 32), jnp.float32) * 10.0
     for fmt in (INT8, INT4, eq.Format.mxfp8(), F("int9/b64"), eq.Format.mxfp6()):
+        codec = jax.jit(lambda v, k, fmt=fmt: decode(encode(v, fmt, key=k), fmt, v.size))
         for seed in range(4):
-            y = decode(encode(x.reshape(1, -1), fmt, key=jax.random.key(seed)), fmt, x.size)
+            y = codec(x.reshape(1, -1), jax.random.key(seed))
             xb = np.asarray(x).reshape(-1, fmt.block_size)
             err = np.abs(np.asarray(y).reshape(xb.shape) - xb)
             amax = np.abs(xb).max(1, keepdims=True)
@@ -94,12 +112,16 @@ def test_stochastic_rounding_within_one_step():
 
 @pytest.mark.slow
 def test_stochastic_rounding_identical_on_every_device_and_per_key():
+    """Every device's result is the same, for each key; the same key again gives the same
+    result, another key another (one program, every device's row, run three times)."""
     x = gaussian(8, 3000, seed=4)
     key = jax.random.key(5)
-    rows = run(x, key=key, every_device=True, fmt=INT8, algorithm="bidir_ring", num_chunks=2)
+    sr = {"every_device": True, "fmt": INT8, "algorithm": "bidir_ring", "num_chunks": 2}
+    rows = run(x, key=key, **sr)
     assert all(np.array_equal(rows[0], r) for r in rows[1:]), "devices disagree"
-    again = run(x, key=key, fmt=INT8, algorithm="bidir_ring", num_chunks=2)
-    other = run(x, key=jax.random.key(6), fmt=INT8, algorithm="bidir_ring", num_chunks=2)
+    again, others = run(x, key=key, **sr)[0], run(x, key=jax.random.key(6), **sr)
+    assert all(np.array_equal(others[0], r) for r in others[1:]), "devices disagree"
+    other = others[0]
     assert np.array_equal(rows[0], again) and not np.array_equal(again, other)
     nearest = run(x, fmt=INT8, algorithm="bidir_ring", num_chunks=2)
     # SR's RMS error: about sqrt(2) x rounding to nearest (variance step^2/6 against /12)
@@ -117,8 +139,8 @@ def test_hops_and_devices_round_independently():
     exact = x.astype(np.float64).sum(0)
     errs = np.stack([run(x, key=k, fmt=INT4, algorithm="one_shot") - exact for k in keys])
     # one-shot: y = sum_d Q_d(x); independent rounding: Var = 8 v; coherent: 64 v
-    single = np.stack([np.asarray(decode(encode(jnp.asarray(x[:1]), INT4, key=k), INT4, 4096))[0]
-                       - x[0] for k in keys])
+    codec = jax.jit(lambda v, k: decode(encode(v, INT4, key=k), INT4, 4096))
+    single = np.stack([np.asarray(codec(jnp.asarray(x[:1]), k))[0] - x[0] for k in keys])
     ratio = float(np.mean(errs**2) / np.mean(single**2))
     assert 6 < ratio < 10.5, f"error variance {ratio:.1f} x one quantization's, expected ~8"
 
@@ -162,17 +184,20 @@ def test_all_reduce_object_with_a_seed():
 
 @pytest.mark.slow
 def test_hadamard_is_the_sylvester_matrix_and_rotation_inverts():
+    """hadamard, rotate and inverse_rotate jitted (one program each a block size)."""
+    hadamard, rotate, inverse_rotate = (jax.jit(f, static_argnums=1) for f in (
+        rotation.hadamard, rotation.rotate, rotation.inverse_rotate))
     for block in (1, 2, 16, 32, 64):
         h = np.array([[1.0]])
         while len(h) < block:
             h = np.block([[h, h], [h, -h]])
         x = np.random.default_rng(block).standard_normal((3, 4 * block)).astype(np.float32)
         want = (x.reshape(3, 4, block).astype(np.float64) @ h.T).reshape(3, -1)
-        np.testing.assert_allclose(np.asarray(rotation.hadamard(jnp.asarray(x), block)), want,
+        np.testing.assert_allclose(np.asarray(hadamard(jnp.asarray(x), block)), want,
                                    rtol=1e-5, atol=1e-5 * block)
-        back = rotation.inverse_rotate(rotation.rotate(jnp.asarray(x), block), block)
+        r = rotate(jnp.asarray(x), block)  # orthogonal up to a power of two
+        back = inverse_rotate(r, block)
         np.testing.assert_allclose(np.asarray(back), x, rtol=0, atol=4e-7 * np.abs(x).max())
-        r = rotation.rotate(jnp.asarray(x), block)  # orthogonal up to a power of two
         ratio = np.linalg.norm(np.asarray(r)) / np.linalg.norm(x)
         assert np.log2(ratio) == pytest.approx(round(np.log2(ratio) * 2) / 2, abs=1e-5)
     with pytest.raises(ValueError, match="power-of-two"):
@@ -212,38 +237,42 @@ def test_rotation_flattens_outliers_and_keeps_the_bytes():
     ratio = rel_error(run(g, fmt=INT8, algorithm="ring", rotate=True), g) / rel_error(
         run(g, fmt=INT8, algorithm="ring"), g)
     assert 0.93 < ratio < 1.07, f"Gaussian data: rotation changed the error by {ratio:.3f}"
-    hlo = _compiled(8, (3000,), fmt=INT8, algorithm="ring", rotate=True).lower(
-        jax.ShapeDtypeStruct((8, 3000), jnp.bfloat16)).compile().as_text()
+    hlo = _program(8, (3000,), jnp.bfloat16, fmt=INT8, algorithm="ring", rotate=True).as_text()
     assert sum(eq.hlo_wire_bytes(hlo, 8).values()) == eq.wire_bytes(3000, 8, fmt=INT8,
                                                                      algorithm="ring")
 
 
 # ---- hop-aware bits -------------------------------------------------------------------------
 
-PLANS = [("ring", 8, INT8, 1), ("ring", 5, INT4, 1), ("bidir_ring", 4, INT8, 1),
-         ("two_shot", 8, INT8, 1), ("ring", 8, F("int8/f32"), 3)]
+PLANS = [("ring", 8, INT8, 1, jnp.bfloat16), ("ring", 5, INT4, 1, jnp.float32),
+         ("bidir_ring", 4, INT8, 1, jnp.float32), ("two_shot", 8, INT8, 1, jnp.bfloat16),
+         ("ring", 8, F("int8/f32"), 3, jnp.bfloat16)]
 
 
-@pytest.mark.parametrize("algorithm,p,fmt,num_chunks", PLANS)
+@pytest.mark.parametrize("algorithm,p,fmt,num_chunks,dtype", PLANS)
 @pytest.mark.slow
-def test_adaptive_bits_bytes_and_reference(algorithm, p, fmt, num_chunks):
+def test_adaptive_bits_bytes_and_reference(algorithm, p, fmt, num_chunks, dtype):
     """The plan's bytes: the compiled HLO's, no more bits per element than fmt; its result:
-    bitwise the NumPy reference run with the plan's format at each step."""
+    bitwise the NumPy reference run with the plan's format at each step. One program a case
+    (2999 values a device, bf16 or f32 inputs, long enough that the default size gate sends
+    them quantized) gives both the bytes and the result."""
     plan = hops.hop_plan(p, fmt=fmt, algorithm=algorithm)
     bits = hops.plan_bits_per_element(plan, p, algorithm=algorithm)
     assert bits <= fmt.bits_per_element + 1e-12, (str(plan), bits)
-    n = 4096
+    n = 2999
     options = {"fmt": fmt, "algorithm": algorithm, "hop_bits": "adaptive",
                "num_chunks": num_chunks}
-    hlo = _compiled(p, (n,), **options).lower(
-        jax.ShapeDtypeStruct((p, n), jnp.bfloat16)).compile().as_text()
-    counted = sum(eq.hlo_wire_bytes(hlo, p).values())
-    assert counted == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm, dtype="bfloat16",
-                                    hop_bits="adaptive", num_chunks=num_chunks)
-    x = gaussian(p, 999, seed=p)
+    assert quantizing_saves_bytes(n, p, dtype=jnp.dtype(dtype).name, **options)
+    x = gaussian(p, n, seed=p).astype(dtype)
+    program = _program(p, (n,), dtype, every_device=True, **options)
+    counted = sum(eq.hlo_wire_bytes(program.as_text(), p).values())
+    assert counted == eq.wire_bytes(n, p, fmt=fmt, algorithm=algorithm,
+                                    dtype=jnp.dtype(dtype).name, hop_bits="adaptive",
+                                    num_chunks=num_chunks)
     want = ref.all_reduce(x, eq.make_schedule(algorithm, (p,)), fmt,
                           plan=(dict(plan.reduce), plan.gather))
-    rows = run(x, every_device=True, **options)
+    rows = np.asarray(program(jnp.asarray(x)))
+    assert rows.dtype == want.dtype
     for d, got in enumerate(rows):
         assert np.array_equal(got, want), f"device {d}: {int((got != want).sum())} differ"
 
@@ -321,14 +350,13 @@ FLOOR_CASES = [("ring", 8, "mxfp8"), ("two_shot", 5, "mxfp6_e2m3/ceil"),
 
 @pytest.mark.parametrize("algorithm,p,name", FLOOR_CASES)
 def test_mx_formats_through_every_algorithm(algorithm, p, name):
-    """Bitwise the spec (equarx_ref.spec) and the HLO's bytes."""
+    """Bitwise the spec (equarx_ref.spec) and the HLO's bytes (of the program that ran)."""
     fmt = F(name)
     x = gaussian(p, 999, seed=p) * 3.0
     want = ref.all_reduce(x, eq.make_schedule(algorithm, (p,)), fmt)
     rows = run(x, every_device=True, fmt=fmt, algorithm=algorithm)
     assert all(np.array_equal(r, want) for r in rows)
-    hlo = _compiled(p, (999,), fmt=fmt, algorithm=algorithm).lower(
-        jax.ShapeDtypeStruct((p, 999), jnp.float32)).compile().as_text()
+    hlo = _program(p, (999,), jnp.float32, True, fmt=fmt, algorithm=algorithm).as_text()
     assert sum(eq.hlo_wire_bytes(hlo, p).values()) == eq.wire_bytes(
         999, p, fmt=fmt, algorithm=algorithm, dtype="float32")
 

@@ -37,7 +37,11 @@ def test_small_run_pairs_seeds_and_counts_the_bytes_sent():
 
 @pytest.mark.slow
 def test_hop_table_shapes_and_sqrt_growth_on_independent_data():
-    g = np.random.default_rng(0).standard_normal((8, 4096))
+    """(As many values as the model has parameters: the shapes of the gradients the --hops
+    run of test_hop_steps_are_those_of_the_run tabulates, whose quantizations, run op by op,
+    are then compiled once for both.)"""
+    n = tr.experiment_data(tr.TrainConfig())["parameters"]
+    g = np.random.default_rng(0).standard_normal((8, n))
     rows = hopstats.hop_table(g, eq.Format.int4())
     assert [x["k"] for x in rows] == list(range(1, 9))
     growth = np.array([x["rms_growth"] for x in rows])

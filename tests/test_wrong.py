@@ -1,4 +1,6 @@
-"""The "#wrong" matrix: every format x algorithm x device count x length x input class, checked
+"""The "#wrong" matrix: every format x algorithm pair, every device count and every length class
+(rotated over the cells rather than their full product: `_f32_cells`, where every pair of
+those axes still meets, and bf16/f16 inputs in `_16_bit_cells`) x every input class, checked
 against a float64 reference with the documented policy, in the spirit of nccl-tests' #wrong
 column. A cell is wrong when any of these fails:
 
@@ -146,27 +148,83 @@ def _matrix(cells) -> None:
         pytest.fail("\n".join(lines), pytrace=False)
 
 
+def _block(fmt_name: str) -> int:
+    return eq.parse_format(fmt_name).block_size if fmt_name != "bf16" else 32
+
+
+def _f32_cells(fmt_name: str) -> list[tuple]:
+    """The format's f32 cells: every algorithm it runs (psum: bf16 only), one cell each, with
+    the device count and the length class rotating together so the format sees every p and
+    every length once. A quantized format has 4 algorithms: a fifth cell (an algorithm that
+    rotates with the format) takes the p and length left over. Over the 7 formats the offset
+    between p and length takes every value, so every (p, length class) pair, every
+    (algorithm, p) and every (algorithm, length class) pair occurs somewhere in the matrix."""
+    k = FORMATS.index(fmt_name)
+    lengths = _lengths(_block(fmt_name))
+    if fmt_name == "bf16":
+        algorithms = ALGORITHMS
+    else:
+        algorithms = [*ALGORITHMS[1:], ALGORITHMS[1 + k % 4]]
+    cells = [(fmt_name, a, DEVICE_COUNTS[(j + k) % 5], lengths[(j + 2 * k) % 5], "float32")
+             for j, a in enumerate(algorithms)]
+    if fmt_name == "bf16":  # psum runs with no other format: every p for it too (the first
+        # cell has p = 1 and length 0), and with it every length
+        cells += [(fmt_name, "psum", DEVICE_COUNTS[j], lengths[j], "float32") for j in range(1, 5)]
+    return cells
+
+
 @pytest.mark.parametrize("fmt_name", FORMATS)
 @pytest.mark.slow
 def test_wrong_count_is_zero_f32(fmt_name):
-    """Every algorithm x p x length in f32; lengths rotate over the cells, all of them seen."""
-    block = eq.parse_format(fmt_name).block_size if fmt_name != "bf16" else 32
-    cells, i = [], 0
-    for algorithm in ALGORITHMS:
-        for p in DEVICE_COUNTS:
-            lengths = _lengths(block)
-            cells.append((fmt_name, algorithm, p, lengths[i % len(lengths)], "float32"))
-            i += 1
-    cells += [(fmt_name, "ring", 8, n, "float32") for n in _lengths(block)]
-    _matrix(list(dict.fromkeys(cells)))
+    """f32 inputs: each format with every algorithm, every device count [1, 2, 3, 5, 8] and
+    every length class [0, 1, block - 1, block + 1, 1001] (`_f32_cells`: rotated, not the full
+    product; psum, bf16 only, at every p)."""
+    cells = _f32_cells(fmt_name)
+    assert {c[1] for c in cells} == set(ALGORITHMS if fmt_name == "bf16" else ALGORITHMS[1:])
+    assert {c[2] for c in cells} == set(DEVICE_COUNTS)
+    assert {c[3] for c in cells} == set(_lengths(_block(fmt_name)))
+    _matrix(cells)
+
+
+def test_f32_cells_cover_every_pair():
+    """The rotation in `_f32_cells` leaves no (algorithm, p), (algorithm, length class) or
+    (p, length class) pair out of the f32 matrix (length classes by index: 0 .. 4)."""
+    assert all(len(set(_f32_cells(f))) == len(_f32_cells(f)) for f in FORMATS)
+    cells = [(a, p, _lengths(_block(f)).index(n)) for f in FORMATS
+             for _, a, p, n, _ in _f32_cells(f)]
+    every = {(a, p) for a in ALGORITHMS for p in DEVICE_COUNTS}
+    assert {(a, p) for a, p, _ in cells} == every
+    assert {(a, i) for a, _, i in cells} == {(a, i) for a in ALGORITHMS for i in range(5)}
+    assert {(p, i) for _, p, i in cells} == {(p, i) for p in DEVICE_COUNTS for i in range(5)}
+
+
+def _16_bit_cells(fmt_name: str, dtype: str) -> list[tuple]:
+    """p = 5, block + 1 values a device: psum (bf16 only) with both dtypes, and one other
+    algorithm for each (format, dtype), rotating with the format (of ring, bidir_ring,
+    two_shot, one_shot, bf16 takes number k and f16 number k + 2, mod 4, for the format's
+    index k), so that every algorithm meets both dtypes and each format two algorithms."""
+    k, d = FORMATS.index(fmt_name), ["bfloat16", "float16"].index(dtype)
+    algorithms = (["psum"] if fmt_name == "bf16" else []) + [ALGORITHMS[1 + (k + 2 * d) % 4]]
+    return [(fmt_name, a, 5, _block(fmt_name) + 1, dtype) for a in algorithms]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt_name", FORMATS)
 @pytest.mark.slow
 def test_wrong_count_is_zero_16_bit_inputs(fmt_name, dtype):
-    block = eq.parse_format(fmt_name).block_size if fmt_name != "bf16" else 32
-    _matrix([(fmt_name, algorithm, 5, block + 1, dtype) for algorithm in ALGORITHMS])
+    """bf16 and f16 inputs (p = 5, block + 1 values): every format with each dtype, every
+    algorithm with each dtype (`_16_bit_cells`; every format with every algorithm is the f32
+    test's)."""
+    _matrix(_16_bit_cells(fmt_name, dtype))
+
+
+def test_16_bit_cells_cover_every_pair():
+    cells = [c for f in FORMATS for d in ("bfloat16", "float16") for c in _16_bit_cells(f, d)]
+    assert {(f, d) for f, *_, d in cells} == {(f, d) for f in FORMATS
+                                              for d in ("bfloat16", "float16")}
+    assert {(a, d) for _, a, _, _, d in cells} == {(a, d) for a in ALGORITHMS
+                                                   for d in ("bfloat16", "float16")}
+    assert all(len({a for f, a, *_ in cells if f == g}) >= 2 for g in FORMATS)
 
 
 def test_matrix_bites():
