@@ -26,7 +26,10 @@
 #              at both ends of pyproject's range: the oldest on this Python (unless the main suite
 #              just ran on it), the newest on Python 3.12 (jax 0.11 and later need it).
 #   colab      tests/colab.sh: every notebook as a Colab learner runs it, from the wheel, on
-#              Python 3.12 and the newest jax, checked by nbval against its stored outputs.
+#              Python 3.12 and the newest jax, checked by nbval against its stored outputs,
+#              in two lanes (a notebook's kernel keeps one core busy).
+# The tpu, jax-edge and Colab environments are built in the background while the main tier runs
+# (pip mostly waits on the network); each of those tiers' seconds is then its tests' own.
 # Under CI=true a tier whose environment cannot be built fails; elsewhere it is skipped, and
 # the table says why.
 set -uo pipefail

@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -109,12 +110,43 @@ def test_a_closed_pipe_exits_quietly(shell, tmp_path):
 
 def test_ctrl_c_during_a_real_demo():
     proc = _cli("demo", "--devices", "2", "--size", "4096", "--repeats", "100000")
-    first = proc.stderr.readline()  # "  compiling ...": the work has started
-    assert "compiling" in first, first
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        first = proc.stderr.readline()  # "  compiling ...": the work has started
+        assert "compiling" in first, first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a demo that ignored the interrupt would run on for minutes
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "equarx-ref demo: interrupted"  # after progress
+
+
+def test_ctrl_c_ends_the_run_when_a_library_drops_the_interrupt():
+    """A KeyboardInterrupt swallowed inside the command (as one raised in a callback run from
+    C++ can be) still ends the run: `INTERRUPT_GRACE_S` after Ctrl-C, status 130, one line."""
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        from equarx_ref import cli
+        cli.INTERRUPT_GRACE_S = 0.5
+
+        def swallowing(args):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):
+                try:
+                    time.sleep(0.1)
+                except KeyboardInterrupt:
+                    pass  # dropped, as inside a library
+            return 0
+
+        args = cli._parse(["model"])  # the parser's command, its work replaced
+        args.func = swallowing
+        cli._parse = lambda argv: args
+        sys.exit(cli.main(["model"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 130 and done.stderr.strip() == "equarx-ref model: interrupted", \
+        done.stderr
 
 
 NOTHING_TO_RUN = {  # options a parser takes one by one, together not something the run can do

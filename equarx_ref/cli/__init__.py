@@ -27,7 +27,9 @@ import contextlib
 import importlib
 import io
 import os
+import signal
 import sys
+import threading
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -114,6 +116,49 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+#: Seconds a Ctrl-C gives the command to unwind before the process ends anyway.
+INTERRUPT_GRACE_S = 5.0
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends(command: str):
+    """Ctrl-C raises KeyboardInterrupt, as Python's own handler does, and ends the process
+    `INTERRUPT_GRACE_S` later if the command is still running then. The interrupt cannot rest
+    on the exception alone: raised inside a callback that a library runs from C++ (jax's, while
+    it compiles), it can be reported there and dropped, and the run goes on. A dropped one is
+    not reported: the timer ends the run with the same line. Off the main thread (where no
+    handler can be set) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    timers: list[threading.Timer] = []
+
+    def finish():
+        print(f"{command}: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    def on_sigint(signum, frame):
+        if not timers:
+            timers.append(threading.Timer(INTERRUPT_GRACE_S, finish))
+            timers[0].daemon = True
+            timers[0].start()
+        raise KeyboardInterrupt
+
+    def unraisable(u, hook=sys.unraisablehook):
+        if not issubclass(u.exc_type, KeyboardInterrupt):
+            hook(u)
+
+    previous, hook = signal.signal(signal.SIGINT, on_sigint), sys.unraisablehook
+    sys.unraisablehook = unraisable
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = hook
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (module docstring). Every command's failures
     end the same way: one line on stderr, never a traceback, for a bad argument, a failed
@@ -122,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["equarx-ref", *(a for a in argv[:1] if a in COMMANDS)])
     try:
         args = _parse(argv)
-        status = args.func(args) or 0
+        with _ctrl_c_ends(command):
+            status = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows here, not in the exit's flush
         return status
     except BrokenPipeError:  # the reader went away (`equarx-ref model | head -1`): quietly
