@@ -3,7 +3,7 @@
 #
 #   bash tests/run.sh          every tier below, as CI runs them, then a table of each tier's
 #                              seconds and result. Every tier runs even when one fails; the run
-#                              fails if any did. About 60 min on 2 CPU cores.
+#                              fails if any did. About 35 min on 2 CPU cores.
 #   bash tests/run.sh --fast   the contributor's loop: the main environment's tests but those
 #                              marked slow (pytest -n 2 -m "not slow" tests): no notebooks, docs
 #                              build, libtpu, real Gemma weights or multi-host. About 5 min.
